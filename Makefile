@@ -1,0 +1,35 @@
+# Two commands on a fresh machine with Python 3.11+ and the package registries:
+#   make demo   - set up and run the daemon on its embedded default (simulated fleet, SQLite)
+#   make test   - set up and run the whole test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed
+
+.PHONY: setup demo test test-unit lint-imports bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/tidegate demo
+
+test: setup
+	$(PY) -m pytest
+
+test-unit: setup
+	$(PY) -m pytest tests/unit
+
+lint-imports: setup
+	$(VENV)/bin/lint-imports
+
+bench: setup
+	$(PY) bench/decision_quality.py
+
+clean:
+	rm -rf $(VENV) .tidegate .pytest_cache .hypothesis

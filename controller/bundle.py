@@ -1,0 +1,371 @@
+"""Model bundles: the manifest the daemon reads and the Triton model repository it describes.
+
+A bundle (``deploy/model/``) is what tidegate scales: a TensorRT-LLM engine, quantized and tensor
+parallel, served by Triton as the usual ensemble (preprocessing -> tensorrt_llm -> postprocessing),
+plus ``manifest.yaml`` (``apiVersion: tidegate/v1``, ``kind: ModelBundle``) that states the facts
+the decision core needs: TP degree = GPUs per replica, GPU types with engines, cold start, and the
+capacity of one replica per GPU type.
+
+The manifest is the one source of truth for those facts: the daemon config's model entry points at
+it (``ModelConfig.bundle_manifest``) and must agree with it (``check_model_config``), the simulator
+builds its profile from it (``bundle_to_model_config``), and ``load_bundle`` parses every
+``config.pbtxt`` with Triton's own protobuf schema and rejects a repository whose tensor-parallel
+settings, batch size, paths or ensemble wiring disagree with the manifest. Every error names the
+file and both values, so the fix is obvious from the message.
+
+How the TensorRT-LLM backend expresses tensor parallelism: ``config.pbtxt`` has no TP field (the
+engine carries its mapping, and the multi-GPU launch starts one MPI rank per GPU). Its
+``gpu_device_ids`` parameter lists the GPUs of each model instance (``"0,1"``; instances are
+separated by ``;``). tidegate requires it to be set explicitly, so the repository itself states the
+TP degree and a mismatch is caught before any GPU is involved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from google.protobuf import text_format
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from tritonclient.grpc import model_config_pb2
+
+from controller.config import DaemonConfig, ModelConfig
+
+TENSORRT_LLM_BACKEND = "tensorrtllm"
+
+
+class BundleError(ValueError):
+    """A bundle manifest or model repository that tidegate must not run with."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceSpec(_Strict):
+    model: str = Field(description="Checkpoint the engines are built from, e.g. a Hugging Face id.")
+    revision: str | None = Field(None, description="Checkpoint revision (commit) pinned for reproducible engines.")
+    license: str | None = Field(None, description="License and access terms of the checkpoint.")
+
+
+class BuildSpec(_Strict):
+    max_batch_size: int = Field(gt=0, description="trtllm-build --max_batch_size; the tensorrt_llm config.pbtxt must use the same.")
+    max_input_len: int = Field(gt=0, description="Longest prompt, tokens.")
+    max_seq_len: int = Field(gt=0, description="Longest prompt plus completion, tokens.")
+    max_num_tokens: int = Field(gt=0, description="Most tokens in one in-flight batch iteration.")
+
+    @model_validator(mode="after")
+    def _lengths(self) -> "BuildSpec":
+        if self.max_input_len >= self.max_seq_len:
+            raise ValueError(f"max_input_len ({self.max_input_len}) must be less than max_seq_len ({self.max_seq_len})")
+        return self
+
+
+class RuntimeSpec(_Strict):
+    triton_image: str = Field(description="Triton image with the TensorRT-LLM backend that serves the engines.")
+    tensorrt_llm_image: str | None = Field(None, description="TensorRT-LLM image that builds the engines (same TensorRT-LLM version as the Triton image).")
+    engine_dir: str = Field(description="Path where a Triton pod mounts its GPU type's engine; tensorrt_llm's gpt_model_path.")
+    tokenizer_dir: str = Field(description="Path where a Triton pod mounts the tokenizer; pre/postprocessing's tokenizer_dir.")
+
+
+class CapacitySpec(_Strict):
+    output_tokens_per_s: float = Field(gt=0, description="Output tokens per second one replica sustains at the SLO.")
+    requests_per_s: float = Field(gt=0, description="Requests per second one replica sustains at the SLO.")
+
+
+class DeploymentSpec(_Strict):
+    namespace: str = Field("default", description="Namespace of the pool's Triton Deployment.")
+    name: str = Field(description="Name of the pool's Triton Deployment.")
+
+
+class BundleSpec(_Strict):
+    source: SourceSpec
+    quantization: str = Field(description="Engine quantization: fp8, int8-weight-only, int4-awq, ...")
+    quantization_detail: str | None = Field(None, description="How it was quantized (scales, calibration, KV cache).")
+    tp_degree: int = Field(ge=1, le=16, description="Tensor-parallel degree of the engines.")
+    gpus_per_replica: int = Field(ge=1, le=16, description="GPUs one replica (one Triton pod) takes; equals tp_degree.")
+    gpu_types: list[str] = Field(min_length=1, description="GPU types engines are built for (one engine-build Job each).")
+    cold_start_s: float = Field(ge=0, description="Pod start plus engine load until ready, seconds.")
+    capacity: dict[str, CapacitySpec] = Field(description="Per GPU type: what one replica sustains at the SLO.")
+    build: BuildSpec
+    runtime: RuntimeSpec
+    repository: str = Field("repository", description="Triton model repository, relative to the manifest.")
+    served_model: str = Field("ensemble", description="The model clients call (the ensemble).")
+    deployments: dict[str, DeploymentSpec] = Field(default_factory=dict, description="Per pool name: the Triton Deployment serving this bundle there.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "BundleSpec":
+        # A replica is one pod on one node: pipeline parallelism across pods is not modelled.
+        if self.gpus_per_replica != self.tp_degree:
+            raise ValueError(
+                f"gpus_per_replica ({self.gpus_per_replica}) must equal tp_degree ({self.tp_degree})")
+        missing = [g for g in self.gpu_types if g not in self.capacity]
+        if missing:
+            raise ValueError(f"capacity has no profile for gpu_types {missing} (has {sorted(self.capacity)})")
+        extra = sorted(set(self.capacity) - set(self.gpu_types))
+        if extra:
+            raise ValueError(f"capacity has profiles {extra} for GPU types not in gpu_types {self.gpu_types}")
+        return self
+
+
+class BundleMetadata(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", description="Bundle name = the daemon config's model name.")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class BundleManifest(_Strict):
+    """One YAML document: ``apiVersion: tidegate/v1``, ``kind: ModelBundle``."""
+
+    apiVersion: Literal["tidegate/v1"]
+    kind: Literal["ModelBundle"]
+    metadata: BundleMetadata
+    spec: BundleSpec
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+
+@dataclass(frozen=True, slots=True)
+class TritonModel:
+    """One model of the repository, as parsed from its ``config.pbtxt``."""
+
+    name: str
+    config_path: Path
+    config: Any
+    """The parsed ``inference.ModelConfig`` protobuf message."""
+    backend: str
+    platform: str
+    max_batch_size: int
+    tp_degree: int | None
+    """Tensor-parallel degree (GPUs per instance) for TensorRT-LLM models, else ``None``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bundle:
+    manifest: BundleManifest
+    manifest_path: Path
+    repository: Path
+    models: Mapping[str, TritonModel]
+
+
+def load_manifest(path: Path | str) -> BundleManifest:
+    """Read and validate a bundle manifest; errors name the file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise BundleError(f"{path}: cannot read the bundle manifest: {e}") from e
+    except yaml.YAMLError as e:
+        raise BundleError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise BundleError(f"{path}: expected a ModelBundle mapping, got {type(data).__name__}")
+    try:
+        return BundleManifest.model_validate(data)
+    except ValidationError as e:
+        raise BundleError(f"{path}: invalid ModelBundle: {e}") from e
+
+
+def parse_model_config(path: Path) -> Any:
+    """Parse one ``config.pbtxt`` with Triton's ``ModelConfig`` protobuf (text format)."""
+    try:
+        return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+    except text_format.ParseError as e:
+        raise BundleError(f"{path}: not a valid Triton model config: {e}") from e
+
+
+def _param(config: Any, key: str) -> str | None:
+    return config.parameters[key].string_value if key in config.parameters else None
+
+
+def tensor_parallel_degree(config: Any, path: Path) -> int:
+    """GPUs per instance of a TensorRT-LLM model, from its ``gpu_device_ids`` parameter.
+
+    One instance per pod: tidegate counts a pod as one replica of ``tp_degree`` GPUs, so several
+    instances (``"0,1;2,3"`` or an instance_group count above 1) are rejected.
+    """
+    raw = _param(config, "gpu_device_ids")
+    if raw is None or not raw.strip():
+        raise BundleError(
+            f"{path}: TensorRT-LLM model {config.name!r} has no gpu_device_ids parameter; tidegate needs "
+            f"it to know the tensor-parallel degree (list the instance's GPUs, e.g. \"0,1\" for TP=2)")
+    if "${" in raw:
+        raise BundleError(f"{path}: gpu_device_ids is an unfilled template ({raw!r})")
+    groups = [g for g in raw.split(";") if g.strip()]
+    if len(groups) != 1:
+        raise BundleError(
+            f"{path}: gpu_device_ids {raw!r} declares {len(groups)} model instances; a tidegate replica is "
+            f"one instance per pod (use one group of GPU ids)")
+    try:
+        ids = [int(x) for x in groups[0].split(",")]
+    except ValueError as e:
+        raise BundleError(f"{path}: gpu_device_ids {raw!r} is not a comma-separated list of GPU ids") from e
+    if len(set(ids)) != len(ids):
+        raise BundleError(f"{path}: gpu_device_ids {raw!r} repeats a GPU id")
+    count = sum(g.count for g in config.instance_group) if config.instance_group else 1
+    if count != 1:
+        raise BundleError(
+            f"{path}: instance_group count is {count}; a TensorRT-LLM model must have one instance per pod")
+    return len(ids)
+
+
+def _load_repository(repo: Path) -> dict[str, TritonModel]:
+    if not repo.is_dir():
+        raise BundleError(f"{repo}: the model repository does not exist")
+    models: dict[str, TritonModel] = {}
+    for cfg_path in sorted(repo.glob("*/config.pbtxt")):
+        config = parse_model_config(cfg_path)
+        dirname = cfg_path.parent.name
+        if config.name and config.name != dirname:
+            raise BundleError(f"{cfg_path}: model name {config.name!r} differs from its directory {dirname!r}")
+        if not any(p.is_dir() and p.name.isdigit() for p in cfg_path.parent.iterdir()):
+            raise BundleError(f"{cfg_path.parent}: no numeric version directory (e.g. 1/); Triton would not load it")
+        tp = tensor_parallel_degree(config, cfg_path) if config.backend == TENSORRT_LLM_BACKEND else None
+        models[dirname] = TritonModel(
+            name=dirname, config_path=cfg_path, config=config, backend=config.backend,
+            platform=config.platform, max_batch_size=config.max_batch_size, tp_degree=tp)
+    if not models:
+        raise BundleError(f"{repo}: no */config.pbtxt found")
+    return models
+
+
+def _dtype(t: Any) -> str:
+    return model_config_pb2.DataType.Name(t.data_type)
+
+
+def _check_ensemble(ens: TritonModel, models: Mapping[str, TritonModel]) -> None:
+    """The ensemble's steps exist, every mapped tensor exists with the same data type, every tensor
+    a step reads was produced before it, and every ensemble output is produced."""
+    path = ens.config_path
+    available = {t.name: _dtype(t) for t in ens.config.input}
+    for i, step in enumerate(ens.config.ensemble_scheduling.step):
+        target = models.get(step.model_name)
+        if target is None:
+            raise BundleError(f"{path}: step {i} calls model {step.model_name!r}, which is not in the repository {sorted(models)}")
+        if target.max_batch_size < ens.max_batch_size:
+            raise BundleError(
+                f"{path}: ensemble max_batch_size {ens.max_batch_size} exceeds {step.model_name!r}'s "
+                f"{target.max_batch_size} ({target.config_path})")
+        inputs = {t.name: _dtype(t) for t in target.config.input}
+        outputs = {t.name: _dtype(t) for t in target.config.output}
+        for key, value in step.input_map.items():
+            if key not in inputs:
+                raise BundleError(f"{path}: step {step.model_name!r} maps input {key!r}, which {target.config_path} does not declare")
+            if value not in available:
+                raise BundleError(f"{path}: step {step.model_name!r} reads {value!r}, which no earlier step or ensemble input provides")
+            if available[value] != inputs[key]:
+                raise BundleError(
+                    f"{path}: step {step.model_name!r} feeds {value!r} ({available[value]}) into {key!r} ({inputs[key]})")
+        for key, value in step.output_map.items():
+            if key not in outputs:
+                raise BundleError(f"{path}: step {step.model_name!r} maps output {key!r}, which {target.config_path} does not declare")
+            available[value] = outputs[key]
+    for out in ens.config.output:
+        if out.name not in available:
+            raise BundleError(f"{path}: ensemble output {out.name!r} is produced by no step")
+        if available[out.name] != _dtype(out):
+            raise BundleError(f"{path}: ensemble output {out.name!r} is {_dtype(out)} but its step produces {available[out.name]}")
+
+
+def check_repository(manifest: BundleManifest, manifest_path: Path, models: Mapping[str, TritonModel]) -> None:
+    """Cross-check the parsed repository against the manifest."""
+    spec = manifest.spec
+    trt = [m for m in models.values() if m.backend == TENSORRT_LLM_BACKEND]
+    if not trt:
+        raise BundleError(f"{manifest_path}: the repository has no {TENSORRT_LLM_BACKEND!r} model (models: {sorted(models)})")
+    for m in trt:
+        if m.tp_degree != spec.tp_degree or m.tp_degree != spec.gpus_per_replica:
+            raise BundleError(
+                f"{m.config_path}: gpu_device_ids {_param(m.config, 'gpu_device_ids')!r} give tensor-parallel degree "
+                f"{m.tp_degree}, but {manifest_path} says tp_degree {spec.tp_degree} and gpus_per_replica "
+                f"{spec.gpus_per_replica}")
+        if m.max_batch_size != spec.build.max_batch_size:
+            raise BundleError(
+                f"{m.config_path}: max_batch_size {m.max_batch_size} differs from the engine's build.max_batch_size "
+                f"{spec.build.max_batch_size} in {manifest_path}")
+        engine = _param(m.config, "gpt_model_path")
+        if engine != spec.runtime.engine_dir:
+            raise BundleError(
+                f"{m.config_path}: gpt_model_path {engine!r} differs from runtime.engine_dir "
+                f"{spec.runtime.engine_dir!r} in {manifest_path}")
+    for m in models.values():
+        tok = _param(m.config, "tokenizer_dir")
+        if tok is not None and tok != spec.runtime.tokenizer_dir:
+            raise BundleError(
+                f"{m.config_path}: tokenizer_dir {tok!r} differs from runtime.tokenizer_dir "
+                f"{spec.runtime.tokenizer_dir!r} in {manifest_path}")
+    served = models.get(spec.served_model)
+    if served is None:
+        raise BundleError(f"{manifest_path}: served_model {spec.served_model!r} is not in the repository {sorted(models)}")
+    for m in models.values():
+        if m.platform == "ensemble":
+            _check_ensemble(m, models)
+
+
+def load_bundle(manifest_path: Path | str) -> Bundle:
+    """Load the manifest and its repository and check that they agree; raise ``BundleError``."""
+    manifest_path = Path(manifest_path)
+    manifest = load_manifest(manifest_path)
+    repo = (manifest_path.parent / manifest.spec.repository).resolve()
+    models = _load_repository(repo)
+    check_repository(manifest, manifest_path, models)
+    return Bundle(manifest=manifest, manifest_path=manifest_path, repository=repo, models=models)
+
+
+def bundle_to_model_config(
+    manifest: BundleManifest | Path | str,
+    *,
+    deployments: Mapping[str, Mapping[str, str]] | None = None,
+) -> dict[str, Any]:
+    """The daemon config's model entry for a bundle (a dict ``ModelConfig.model_validate`` accepts).
+
+    Given a path, the entry also points back at it (``bundle_manifest``). ``deployments`` replaces
+    the manifest's per-pool Deployments (pool names are the daemon config's).
+    """
+    path: Path | None = None
+    if not isinstance(manifest, BundleManifest):
+        path = Path(manifest)
+        manifest = load_manifest(path)
+    spec = manifest.spec
+    deps = deployments if deployments is not None else {p: d.model_dump() for p, d in spec.deployments.items()}
+    entry: dict[str, Any] = {
+        "name": manifest.name,
+        "tp_degree": spec.tp_degree,
+        "quantization": spec.quantization,
+        "gpu_types": list(spec.gpu_types),
+        "cold_start_s": spec.cold_start_s,
+        "capacity": {g: c.model_dump() for g, c in spec.capacity.items()},
+        "deployments": {p: dict(d) for p, d in deps.items()},
+    }
+    if path is not None:
+        entry["bundle_manifest"] = str(path)
+    return entry
+
+
+def check_model_config(model: ModelConfig, manifest: BundleManifest, manifest_path: Path | str) -> None:
+    """A daemon-config model entry must agree with its bundle: same name, TP, quantization, and only
+    GPU types the bundle has engines for."""
+    spec = manifest.spec
+    where = f"model {model.name!r} (bundle {manifest_path})"
+    if model.name != manifest.name:
+        raise BundleError(f"{where}: name {model.name!r} differs from the bundle's metadata.name {manifest.name!r}")
+    if model.tp_degree != spec.tp_degree:
+        raise BundleError(f"{where}: tp_degree {model.tp_degree} differs from the bundle's tp_degree {spec.tp_degree}")
+    if model.quantization != spec.quantization:
+        raise BundleError(f"{where}: quantization {model.quantization!r} differs from the bundle's {spec.quantization!r}")
+    unknown = [g for g in model.gpu_types if g not in spec.gpu_types]
+    if unknown:
+        raise BundleError(f"{where}: gpu_types {unknown} have no engine in the bundle (it has {spec.gpu_types})")
+
+
+def check_daemon_config(config: DaemonConfig, config_path: Path | str) -> None:
+    """Check every model entry that references a bundle manifest (relative paths are relative to
+    the config file). Only the manifest is read: the daemon's pod has no model repository."""
+    base = Path(config_path).parent
+    for model in config.models:
+        if model.bundle_manifest is None:
+            continue
+        path = model.bundle_manifest if model.bundle_manifest.is_absolute() else base / model.bundle_manifest
+        check_model_config(model, load_manifest(path), path)

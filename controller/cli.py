@@ -1,0 +1,198 @@
+"""``tidegate``: the command line.
+
+    tidegate run --config FILE [--dry-run]     the daemon
+    tidegate demo [--duration-s N]             the daemon on the embedded default (simulated fleet)
+    tidegate policy validate FILE...           check policy files (exit 1 on any problem)
+    tidegate policy schema                     JSON Schema of policy files
+    tidegate config validate FILE              check a daemon config
+    tidegate config schema                     JSON Schema of the daemon config
+    tidegate db upgrade (--config FILE | --url URL)
+    tidegate decisions (--config FILE | --url URL) [--model M] [--limit N] [--json]
+    tidegate simulate ...                      replay traces (see ``tidegate simulate --help``)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Sequence
+
+from controller import __version__
+
+
+def _db_url(args: argparse.Namespace) -> str:
+    if getattr(args, "url", None):
+        return str(args.url)
+    from controller.runtime import load_config
+
+    return load_config(Path(args.config)).database.url
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from controller import logs
+    from controller.runtime import ConfigError, build_runtime, load_config
+
+    logs.setup(args.log_format, args.log_level)
+    try:
+        cfg = load_config(Path(args.config))
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    rt = build_runtime(cfg, dry_run=True if args.dry_run else None)
+    if rt.auth.empty:
+        logging.getLogger("tidegate").warning("no API tokens configured: every /v1 route will answer 401")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    if cfg.api.enabled:
+        rt.serve_api(cfg.api.host, cfg.api.port)
+    rt.daemon.start()
+    stop.wait()
+    rt.stop()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from controller.demo import run_demo
+
+    return run_demo(duration_s=args.duration_s, port=args.port, workdir=Path(args.workdir),
+                    speedup=args.speedup, quiet=args.quiet)
+
+
+def cmd_policy_validate(args: argparse.Namespace) -> int:
+    from controller.policyfile import validate_files
+    from policies.base import Registry
+
+    return validate_files([Path(p) for p in args.files], Registry.from_entry_points(), sys.stdout)
+
+
+def cmd_policy_schema(args: argparse.Namespace) -> int:
+    from controller.policyfile import json_schema
+    from policies.base import Registry
+
+    print(json.dumps(json_schema(Registry.from_entry_points()), indent=2))
+    return 0
+
+
+def cmd_config_validate(args: argparse.Namespace) -> int:
+    from controller.runtime import ConfigError, load_config
+
+    try:
+        load_config(Path(args.file))
+    except ConfigError as e:
+        print(e)
+        return 1
+    print(f"{args.file}: ok")
+    return 0
+
+
+def cmd_config_schema(args: argparse.Namespace) -> int:
+    from controller.config import DaemonConfig
+
+    print(json.dumps(DaemonConfig.model_json_schema(), indent=2))
+    return 0
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from controller.db.migrate import upgrade
+
+    url = _db_url(args)
+    upgrade(url)
+    print(f"database at head: {url.split('@')[-1]}")
+    return 0
+
+
+def cmd_decisions(args: argparse.Namespace) -> int:
+    from controller.db.repo import Repository
+
+    repo = Repository(_db_url(args))
+    rows = list(repo.all_decisions(model=args.model))
+    if args.limit:
+        rows = rows[-args.limit:]
+    if args.json:
+        json.dump(rows, sys.stdout, indent=None if args.compact else 2, default=str)
+        print()
+        return 0
+    pools = sorted({p for r in rows for p in r["placement"]})
+    head = f"{'id':>6} {'at':<25} {'model':<16} {'cur':>4} {'new':>4} " + " ".join(f"{p[:14]:>14}" for p in pools) + "  reason"
+    print(head)
+    for r in rows:
+        cells = " ".join(f"{r['placement'].get(p, 0):>14}" for p in pools)
+        print(f"{r['id']:>6} {r['at'][:25]:<25} {r['model'][:16]:<16} {r['current_replicas']:>4} {r['replicas']:>4} {cells}  {r['reason']}")
+    return 0
+
+
+def cmd_simulate(argv: Sequence[str]) -> int:
+    from controller.sim.cli import simulate_main
+
+    return simulate_main(list(argv))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tidegate", description="Autoscaling and cost control for LLM inference.")
+    p.add_argument("--version", action="version", version=f"tidegate {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the daemon")
+    run.add_argument("--config", required=True, help="daemon config YAML")
+    run.add_argument("--dry-run", action="store_true", help="decide and record, never act")
+    run.add_argument("--log-format", choices=["json", "text"], default="json")
+    run.add_argument("--log-level", default="INFO")
+    run.set_defaults(func=cmd_run)
+
+    demo = sub.add_parser("demo", help="run the daemon on the embedded default: simulated fleet, SQLite")
+    demo.add_argument("--duration-s", type=float, default=120, help="wall seconds to run (default 120)")
+    demo.add_argument("--speedup", type=float, default=None, help="simulated seconds per wall second (default from the demo config: 60)")
+    demo.add_argument("--port", type=int, default=8080, help="admin API port on 127.0.0.1 (0: any free port)")
+    demo.add_argument("--workdir", default=".tidegate/demo", help="where the demo's SQLite database goes")
+    demo.add_argument("--quiet", action="store_true", help="print only the summary")
+    demo.set_defaults(func=cmd_demo)
+
+    pol = sub.add_parser("policy", help="policy files").add_subparsers(dest="policy_command", required=True)
+    pv = pol.add_parser("validate", help="validate policy files")
+    pv.add_argument("files", nargs="+")
+    pv.set_defaults(func=cmd_policy_validate)
+    pol.add_parser("schema", help="print the JSON Schema").set_defaults(func=cmd_policy_schema)
+
+    cfg = sub.add_parser("config", help="daemon config").add_subparsers(dest="config_command", required=True)
+    cv = cfg.add_parser("validate", help="validate a daemon config file")
+    cv.add_argument("file")
+    cv.set_defaults(func=cmd_config_validate)
+    cfg.add_parser("schema", help="print the JSON Schema").set_defaults(func=cmd_config_schema)
+
+    db = sub.add_parser("db", help="database").add_subparsers(dest="db_command", required=True)
+    up = db.add_parser("upgrade", help="run Alembic migrations to head")
+    g = up.add_mutually_exclusive_group(required=True)
+    g.add_argument("--config")
+    g.add_argument("--url")
+    up.set_defaults(func=cmd_db_upgrade)
+
+    dec = sub.add_parser("decisions", help="print the decision log")
+    g = dec.add_mutually_exclusive_group(required=True)
+    g.add_argument("--config")
+    g.add_argument("--url")
+    dec.add_argument("--model")
+    dec.add_argument("--limit", type=int, default=0, help="only the newest N")
+    dec.add_argument("--json", action="store_true")
+    dec.add_argument("--compact", action="store_true", help="with --json: one line")
+    dec.set_defaults(func=cmd_decisions)
+
+    sub.add_parser("simulate", help="replay traces through policies and baselines", add_help=False)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "simulate":
+        return cmd_simulate(argv[1:])
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

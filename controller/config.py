@@ -1,0 +1,205 @@
+"""The daemon's configuration file (``apiVersion: tidegate/v1``, ``kind: DaemonConfig``).
+
+One pydantic schema validates it, documents every field (``tidegate config schema`` prints the JSON
+Schema; the README's config table is generated from the same descriptions) and converts it into the
+core's value types (``PoolSpec``, ``ModelSpec``). Cross-field errors quote both values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from controller.core.model import ModelSpec, PoolKind, PoolSpec, ReplicaCapacity
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KubernetesPool(_Strict):
+    """How the pool looks inside the cluster."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels that select this pool's nodes (e.g. a node-pool or capacity-type label).")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Tolerations the pool's Deployments carry (e.g. for a spot taint).")
+
+
+class AwsPool(_Strict):
+    region: str = Field(description="AWS region, e.g. us-east-1.")
+    auto_scaling_group: str = Field(description="Auto Scaling group holding this pool's nodes.")
+    instance_type: str | None = Field(None, description="EC2 instance type, used to look up spot prices.")
+    availability_zones: list[str] = Field(default_factory=list, description="Zones to read spot prices for (empty: all of the group's).")
+
+
+class GcpPool(_Strict):
+    project: str = Field(description="GCP project id.")
+    zone: str | None = Field(None, description="Zone of a zonal managed instance group.")
+    region: str | None = Field(None, description="Region of a regional managed instance group.")
+    instance_group_manager: str = Field(description="Managed instance group name.")
+
+    @model_validator(mode="after")
+    def _zone_xor_region(self) -> "GcpPool":
+        if (self.zone is None) == (self.region is None):
+            raise ValueError(f"set exactly one of zone ({self.zone!r}) and region ({self.region!r})")
+        return self
+
+
+class PoolConfig(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="Pool name (DNS-1123 label), used in policies, overrides, metrics and the API.")
+    kind: PoolKind = Field(description="onprem, aws-spot, aws-ondemand, gcp-spot or gcp-ondemand.")
+    gpu_type: str = Field(description="GPU type of the pool's nodes (e.g. A100-80GB, L4, H100); must be one the model bundle has engines for.")
+    gpus_per_node: int = Field(gt=0, description="GPUs per node; a replica of TP GPUs never spans nodes.")
+    max_nodes: int = Field(ge=0, description="Most nodes the pool may hold (for on-prem: nodes that exist).")
+    min_nodes: int = Field(0, ge=0, description="Fewest nodes the node group keeps.")
+    price_per_node_hour_usd: float = Field(ge=0, description="Static price per node-hour: amortized cost for on-prem, list price for on-demand, fallback for spot when no live price is known.")
+    provisioning_delay_s: float = Field(0, ge=0, description="Seconds from ordering a node to it being schedulable (0 for on-prem).")
+    priority: int = Field(0, description="Tie-breaker between pools of equal effective cost (lower first).")
+    kubernetes: KubernetesPool = Field(default_factory=KubernetesPool, description="Node selector and tolerations of the pool inside the cluster.")
+    aws: AwsPool | None = Field(None, description="Required for aws-* pools.")
+    gcp: GcpPool | None = Field(None, description="Required for gcp-* pools.")
+
+    @model_validator(mode="after")
+    def _cloud_section(self) -> "PoolConfig":
+        if self.min_nodes > self.max_nodes:
+            raise ValueError(f"min_nodes ({self.min_nodes}) is greater than max_nodes ({self.max_nodes})")
+        return self
+
+    def to_spec(self) -> PoolSpec:
+        return PoolSpec(
+            name=self.name, kind=self.kind, gpu_type=self.gpu_type, gpus_per_node=self.gpus_per_node,
+            max_nodes=self.max_nodes, min_nodes=self.min_nodes,
+            price_per_node_hour_usd=self.price_per_node_hour_usd,
+            provisioning_delay_s=self.provisioning_delay_s, priority=self.priority,
+        )
+
+
+class CapacityProfile(_Strict):
+    output_tokens_per_s: float = Field(gt=0, description="Output tokens per second one replica sustains at the SLO on this GPU type.")
+    requests_per_s: float = Field(gt=0, description="Requests per second one replica sustains at the SLO on this GPU type.")
+
+
+class DeploymentRef(_Strict):
+    namespace: str = Field("default", description="Namespace of the pool's Deployment.")
+    name: str = Field(description="Deployment name serving this model in this pool.")
+    label_selector: str | None = Field(None, description="Label selector of its pods (default: the Deployment's own).")
+
+
+class ModelConfig(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", description="Model bundle name, as policies and the API refer to it.")
+    tp_degree: int = Field(ge=1, le=16, description="Tensor-parallel degree = GPUs per replica.")
+    quantization: str = Field(description="Engine quantization, e.g. fp8, int8-weight-only, int4-awq.")
+    gpu_types: list[str] = Field(min_length=1, description="GPU types the bundle has TensorRT-LLM engines for.")
+    cold_start_s: float = Field(ge=0, description="Pod start plus engine load until ready, seconds.")
+    capacity: dict[str, CapacityProfile] = Field(description="Per GPU type: what one replica sustains at the SLO.")
+    deployments: dict[str, DeploymentRef] = Field(description="Per pool name: the Deployment that serves this model there.")
+    bundle_manifest: Path | None = Field(None, description="Path to the bundle manifest (deploy/model/...); when set, its TP and GPU types must agree with this entry.")
+
+    @model_validator(mode="after")
+    def _capacity_for_each_gpu(self) -> "ModelConfig":
+        missing = [g for g in self.gpu_types if g not in self.capacity]
+        if missing:
+            raise ValueError(f"capacity has no profile for gpu_types {missing} (has {sorted(self.capacity)})")
+        return self
+
+    def to_spec(self) -> ModelSpec:
+        return ModelSpec(
+            name=self.name, tp_degree=self.tp_degree, quantization=self.quantization,
+            gpu_types=tuple(self.gpu_types), cold_start_s=self.cold_start_s,
+            capacity={g: ReplicaCapacity(c.output_tokens_per_s, c.requests_per_s) for g, c in self.capacity.items()},
+            pools=tuple(self.deployments),
+        )
+
+
+class DatabaseConfig(_Strict):
+    url: str = Field("sqlite:///tidegate.db", description="SQLAlchemy URL: sqlite:///PATH (embedded default) or postgresql+psycopg://user@host/db.")
+    echo: bool = Field(False, description="Log every SQL statement (debugging).")
+
+
+class TokenSource(_Strict):
+    env: str | None = Field(None, description="Environment variable holding comma-separated tokens.")
+    file: Path | None = Field(None, description="File holding one token per line.")
+
+
+class ApiConfig(_Strict):
+    enabled: bool = Field(True, description="Serve the admin API and /metrics.")
+    host: str = Field("127.0.0.1", description="Bind address.")
+    port: int = Field(8080, ge=0, le=65535, description="Bind port (0: pick a free one).")
+    admin_tokens: TokenSource = Field(default_factory=lambda: TokenSource(env="TIDEGATE_ADMIN_TOKENS"), description="Where admin bearer tokens come from (never from policy files).")
+    viewer_tokens: TokenSource = Field(default_factory=lambda: TokenSource(env="TIDEGATE_VIEWER_TOKENS"), description="Where viewer bearer tokens come from.")
+
+
+class LoopConfig(_Strict):
+    interval_s: float = Field(5, gt=0, description="Seconds between ticks (of the daemon's clock).")
+    policy_reload_s: float = Field(2, gt=0, description="Seconds between checks of the policies directory for changed files (wall clock).")
+    backoff_max_s: float = Field(60, gt=0, description="Longest pause after repeated provider errors, seconds.")
+    ready_after_failed_ticks: int = Field(3, ge=1, description="/readyz turns unready after this many consecutive failed ticks.")
+
+
+class SimulatedProviders(_Strict):
+    type: Literal["simulated"] = Field("simulated", description="Simulated fleet and load (demo, tests).")
+    seed: int = Field(7, description="Random seed of the synthetic load and the spot interruptions.")
+    speedup: float = Field(60, gt=0, description="Simulated seconds per wall second (the demo's accelerated clock).")
+    base_requests_per_s: float = Field(2.0, ge=0, description="Trough load of the diurnal curve, requests per second.")
+    peak_requests_per_s: float = Field(30.0, ge=0, description="Peak load of the diurnal curve, requests per second.")
+    period_s: float = Field(3600, gt=0, description="Length of one simulated load cycle, seconds.")
+    burst_every_s: float = Field(0, ge=0, description="Mean seconds between random bursts (0: none).")
+    burst_factor: float = Field(1.5, ge=1, description="Load multiplier during a burst.")
+    burst_duration_s: float = Field(120, gt=0, description="Burst length, seconds.")
+    interruptions_per_node_hour: float = Field(0.0, ge=0, description="Spot interruption rate per spot node-hour.")
+    mean_output_tokens: float = Field(250, gt=0, description="Mean output tokens per request.")
+    mean_input_tokens: float = Field(1000, gt=0, description="Mean prompt tokens per request.")
+
+
+class RealProviders(_Strict):
+    type: Literal["real"] = Field("real", description="Prometheus, Triton, Kubernetes, AWS and GCP.")
+    settings: dict[str, Any] = Field(default_factory=dict, description="Provider settings (Prometheus URL, Kubernetes, AWS, GCP); defined by the real adapters.")
+
+
+class DaemonConfig(_Strict):
+    apiVersion: Literal["tidegate/v1"] = Field("tidegate/v1", description="Format version.")
+    kind: Literal["DaemonConfig"] = Field("DaemonConfig", description="Document kind.")
+    policies_dir: Path = Field(Path("policies"), description="Directory of ScalingPolicy YAML files, watched for changes (relative paths are relative to the config file).")
+    dry_run: bool = Field(False, description="Decide and record, never call a provider to act.")
+    database: DatabaseConfig = Field(default_factory=DatabaseConfig, description="The decision log (env TIDEGATE_DATABASE_URL overrides database.url).")
+    api: ApiConfig = Field(default_factory=ApiConfig, description="The admin REST API and /metrics.")
+    loop: LoopConfig = Field(default_factory=LoopConfig, description="Tick and reload intervals, backoff.")
+    providers: SimulatedProviders | RealProviders = Field(default_factory=SimulatedProviders, discriminator="type", description="Where signals come from and where actions go: `simulated` (the demo's fleet) or `real`.")
+    pools: list[PoolConfig] = Field(min_length=1, description="Where replicas can run.")
+    models: list[ModelConfig] = Field(min_length=1, description="The model bundles served, each with one Deployment per pool.")
+
+    @model_validator(mode="after")
+    def _cross_refs(self) -> "DaemonConfig":
+        names = [p.name for p in self.pools]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"pool names must be unique; repeated: {sorted(dup)}")
+        pools = {p.name: p for p in self.pools}
+        for p in self.pools:
+            if p.kind.cloud == "aws" and p.aws is None and isinstance(self.providers, RealProviders):
+                raise ValueError(f"pool {p.name!r} is {p.kind.value} but has no aws section")
+            if p.kind.cloud == "gcp" and p.gcp is None and isinstance(self.providers, RealProviders):
+                raise ValueError(f"pool {p.name!r} is {p.kind.value} but has no gcp section")
+        mnames = [m.name for m in self.models]
+        mdup = {n for n in mnames if mnames.count(n) > 1}
+        if mdup:
+            raise ValueError(f"model names must be unique; repeated: {sorted(mdup)}")
+        for m in self.models:
+            for pool_name in m.deployments:
+                if pool_name not in pools:
+                    raise ValueError(f"model {m.name!r} has a deployment in pool {pool_name!r}, which is not among the pools {names}")
+                pool = pools[pool_name]
+                if pool.gpu_type not in m.gpu_types:
+                    raise ValueError(
+                        f"model {m.name!r} has no engine for pool {pool_name!r}'s gpu_type {pool.gpu_type!r} (gpu_types: {m.gpu_types})")
+                if pool.gpus_per_node < m.tp_degree:
+                    raise ValueError(
+                        f"pool {pool_name!r} gpus_per_node ({pool.gpus_per_node}) is less than model {m.name!r} tp_degree ({m.tp_degree})")
+        return self
+
+    def pool_specs(self) -> dict[str, PoolSpec]:
+        return {p.name: p.to_spec() for p in self.pools}
+
+    def model_specs(self) -> dict[str, ModelSpec]:
+        return {m.name: m.to_spec() for m in self.models}

@@ -1,0 +1,348 @@
+"""The vocabulary of the decision core, as plain immutable values.
+
+Everything the pure pipeline (``controller.core.pipeline.decide``) consumes or produces is defined
+here: what is served (``ModelSpec``), where it runs (``PoolSpec``), what was seen (``Sample``,
+``PoolState``, ``ModelSignals``), what a policy thinks (``Recommendation``), what an operator asks
+(``Override``), what the pipeline concludes (``Decision`` with its ``Stage`` trace) and what the
+providers did about it (``Action``).
+
+These are frozen dataclasses, not pydantic models: they are built every tick (and millions of times
+in the simulator), they carry no validation of their own (config and policy files are validated at
+load by the pydantic schemas in ``controller.config`` and ``controller.policyfile``), and they
+import nothing but the standard library so that the core stays pure.
+
+Units live in the names: ``_s`` seconds, ``_ms`` milliseconds, ``_usd`` US dollars, ``_pct`` percent
+(0-100), ``_per_s`` per second.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Mapping
+
+
+class PoolKind(str, enum.Enum):
+    """Where replicas run. The order of preference is on-prem, then spot, then on-demand."""
+
+    ONPREM = "onprem"
+    AWS_SPOT = "aws-spot"
+    AWS_ONDEMAND = "aws-ondemand"
+    GCP_SPOT = "gcp-spot"
+    GCP_ONDEMAND = "gcp-ondemand"
+
+    @property
+    def is_onprem(self) -> bool:
+        return self is PoolKind.ONPREM
+
+    @property
+    def is_spot(self) -> bool:
+        return self in (PoolKind.AWS_SPOT, PoolKind.GCP_SPOT)
+
+    @property
+    def is_ondemand(self) -> bool:
+        return self in (PoolKind.AWS_ONDEMAND, PoolKind.GCP_ONDEMAND)
+
+    @property
+    def tier(self) -> int:
+        """0 on-prem, 1 spot, 2 on-demand: fill low tiers first, release high tiers first."""
+        return 0 if self.is_onprem else 1 if self.is_spot else 2
+
+    @property
+    def cloud(self) -> str | None:
+        return None if self.is_onprem else self.value.split("-", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaCapacity:
+    """What one replica sustains while meeting the SLO, on one GPU type."""
+
+    output_tokens_per_s: float
+    requests_per_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A served model bundle (Triton + TensorRT-LLM engine)."""
+
+    name: str
+    tp_degree: int
+    """Tensor-parallel degree = GPUs per replica; a replica never spans nodes."""
+    quantization: str
+    gpu_types: tuple[str, ...]
+    """GPU types the bundle has engines for; a pool of another GPU type cannot host it."""
+    cold_start_s: float
+    """Pod start plus engine load, seconds, until a new replica is ready."""
+    capacity: Mapping[str, ReplicaCapacity]
+    """Per GPU type: sustainable throughput of one replica at the SLO."""
+    pools: tuple[str, ...]
+    """Names of the pools this model has a Deployment in."""
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp_degree
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """A place replicas run: static facts from the daemon config."""
+
+    name: str
+    kind: PoolKind
+    gpu_type: str
+    gpus_per_node: int
+    max_nodes: int
+    price_per_node_hour_usd: float
+    """Static price: the on-prem amortized cost, the on-demand list price, or the spot fallback
+    when no live spot price is known."""
+    provisioning_delay_s: float = 0.0
+    min_nodes: int = 0
+    priority: int = 0
+    """Tie-breaker among pools of equal effective cost: lower is preferred."""
+
+    def replicas_per_node(self, model: ModelSpec) -> int:
+        if self.gpu_type not in model.gpu_types:
+            return 0
+        return self.gpus_per_node // model.tp_degree
+
+    def max_replicas(self, model: ModelSpec) -> int:
+        return self.max_nodes * self.replicas_per_node(model)
+
+    def nodes_for(self, model: ModelSpec, replicas: int) -> int:
+        """Whole nodes needed to pack ``replicas`` replicas of ``model`` (TP GPUs each)."""
+        per_node = self.replicas_per_node(model)
+        if replicas <= 0:
+            return 0
+        if per_node == 0:
+            raise ValueError(f"pool {self.name} cannot host model {model.name}")
+        return -(-replicas // per_node)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One observed value with its timestamp. ``value is None`` means missing, never zero."""
+
+    value: float | None
+    at: datetime | None = None
+    reason: str | None = None
+    """Why the value is missing or approximate (``NoData``, ``NaN``, ``HTTP 503``, ...)."""
+
+    @staticmethod
+    def missing(reason: str, at: datetime | None = None) -> "Sample":
+        return Sample(None, at, reason)
+
+    def age_s(self, now: datetime) -> float | None:
+        return None if self.at is None else (now - self.at).total_seconds()
+
+    def fresh(self, now: datetime, max_age_s: float) -> float | None:
+        """The value if present, finite and not older than ``max_age_s``; else ``None``."""
+        if self.value is None or self.at is None:
+            return None
+        if not math.isfinite(self.value):
+            return None
+        if (now - self.at).total_seconds() > max_age_s:
+            return None
+        return self.value
+
+
+MISSING = Sample(None, None, "NoData")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolState:
+    """What capacity providers report about one pool for one model, plus the live price."""
+
+    pool: str
+    replicas: int | None
+    """Desired replicas as currently set on the pool's Deployment (``None``: unknown)."""
+    ready_replicas: int | None = None
+    nodes: int | None = None
+    available: bool = True
+    """False while the pool cannot take new replicas (unschedulable past a timeout, failed
+    launches, too many recent interruptions)."""
+    unavailable_reason: str | None = None
+    interrupted_replicas: int = 0
+    """Replicas on nodes with an interruption notice: they will be gone soon and are replaced
+    elsewhere now."""
+    recent_interruptions: int = 0
+    price_per_node_hour_usd: float | None = None
+    """Live price (spot); ``None`` means use the static price from the pool spec."""
+    at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSignals:
+    """Load and health of one model across its pools at one tick."""
+
+    model: str
+    at: datetime
+    queue_depth: Sample = MISSING
+    """Requests waiting (not yet scheduled into a batch), summed over replicas."""
+    p99_latency_ms: Sample = MISSING
+    gpu_utilization_pct: Sample = MISSING
+    """Mean GPU utilization of the model's GPUs, 0-100."""
+    request_rate_per_s: Sample = MISSING
+    output_tokens_per_s: Sample = MISSING
+    input_tokens_per_s: Sample = MISSING
+    kv_cache_utilization_pct: Sample = MISSING
+    cost_per_million_tokens_usd: Sample = MISSING
+    pools: Mapping[str, PoolState] = field(default_factory=dict)
+
+    @property
+    def current_replicas(self) -> int | None:
+        """Sum of desired replicas over pools; ``None`` if any pool is unknown."""
+        total = 0
+        for st in self.pools.values():
+            if st.replicas is None:
+                return None
+            total += st.replicas
+        return total
+
+    @property
+    def ready_replicas(self) -> int | None:
+        total = 0
+        for st in self.pools.values():
+            if st.ready_replicas is None:
+                return None
+            total += st.ready_replicas
+        return total
+
+
+class Opinion(str, enum.Enum):
+    TARGET = "target"
+    """The replicas the rule wants: combined with the others by max."""
+    FLOOR = "floor"
+    """A lower bound (e.g. a warm-pool schedule): applied at the bounds stage, unstabilized."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """One rule's raw opinion. ``replicas is None`` means no opinion (e.g. missing data)."""
+
+    rule: str
+    kind: str
+    replicas: int | None
+    reason: str
+    message: str = ""
+    opinion: Opinion = Opinion.TARGET
+    missing_data: bool = False
+    """True when the rule had no opinion because its inputs were missing or stale: the pipeline
+    then refuses to release capacity (unless the policy says otherwise)."""
+    state: Mapping[str, Any] = field(default_factory=dict)
+    """Explicit state handed back to the same rule on the next tick."""
+
+
+class OverrideKind(str, enum.Enum):
+    PIN = "pin"
+    BOUNDS = "bounds"
+    FREEZE = "freeze"
+    DRAIN_POOL = "drain-pool"
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """An operator's instruction, scoped to a model and optionally a pool, with a TTL."""
+
+    id: int
+    kind: OverrideKind
+    model: str
+    pool: str | None = None
+    replicas: int | None = None
+    """For ``pin``: the total (or, with ``pool``, that pool's) replicas."""
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    expires_at: datetime | None = None
+    reason: str = ""
+    author: str = ""
+    created_at: datetime | None = None
+
+    def active(self, now: datetime) -> bool:
+        return self.expires_at is None or now < self.expires_at
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One pipeline stage's outcome: the total after the stage, a reason code and a message."""
+
+    name: str
+    replicas: int | None
+    reason: str
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleEvent:
+    at: datetime
+    from_replicas: int
+    to_replicas: int
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """The pipeline's memory, passed in and returned explicitly (rebuilt from the decision log on
+    restart). Windows compare timestamps; nothing here counts ticks."""
+
+    recommendations: tuple[tuple[datetime, int], ...] = ()
+    """(time, combined recommendation after tolerance) kept for the longest stabilization window."""
+    scale_events: tuple[ScaleEvent, ...] = ()
+    """Changes of the decided total, kept for the longest rate-limit period / cooldown."""
+    rule_state: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The result of the whole pipeline for one model at one tick, with its trace."""
+
+    model: str
+    at: datetime
+    current_replicas: int
+    """Total desired replicas before this decision."""
+    replicas: int
+    """Decided total (after overrides, placement and budget: the sum of ``placement``)."""
+    placement: Mapping[str, int]
+    previous_placement: Mapping[str, int]
+    recommendations: tuple[Recommendation, ...]
+    trace: tuple[Stage, ...]
+    reason: str
+    """The reason code of the stage that determined the outcome."""
+    actuate: bool
+    """False when frozen, paused, or holding before the first complete observation."""
+    cost_per_hour_usd: float
+    policy_version: str = ""
+    history: History = field(default_factory=History)
+    interrupted_replaced: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return dict(self.placement) != dict(self.previous_placement)
+
+    def stage(self, name: str) -> Stage | None:
+        for st in self.trace:
+            if st.name == name:
+                return st
+        return None
+
+
+class ActionStatus(str, enum.Enum):
+    OK = "ok"
+    NOOP = "noop"
+    DRY_RUN = "dry-run"
+    FAILED_TRANSIENT = "failed-transient"
+    FAILED_PERMANENT = "failed-permanent"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One provider call (or one that would have been made, in dry-run) and how it went."""
+
+    provider: str
+    call: str
+    pool: str
+    model: str
+    arguments: Mapping[str, Any]
+    status: ActionStatus
+    error: str | None = None
+    latency_ms: float = 0.0

@@ -1,0 +1,155 @@
+"""The ``ScalingPolicy`` file format: one pydantic schema that validates, documents and emits the
+JSON Schema (``tidegate policy schema``).
+
+A policy file configures, for one model, the bounds, the SLO targets, the rules (policy kinds with
+their params), the behaviour of the shared safeguards (HPA semantics, seconds), placement
+preferences, the budget and what to do when data is missing. Loading files from disk (with line
+numbers in errors) lives in ``controller.policyfile``; this module is pure.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+API_VERSION = "tidegate/v1"
+
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Bounds(_Strict):
+    min_replicas: int = Field(1, ge=0, description="Fewest replicas (total across pools).")
+    max_replicas: int = Field(10, ge=0, description="Most replicas (total across pools); a hard limit overrides cannot exceed.")
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> "Bounds":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) is greater than max_replicas ({self.max_replicas})"
+            )
+        return self
+
+
+class SLO(_Strict):
+    p99_latency_ms: float | None = Field(None, gt=0, description="Target p99 end-to-end request latency, milliseconds.")
+    ttft_p99_ms: float | None = Field(None, gt=0, description="Target p99 time to first token, milliseconds (used by the simulator's attainment).")
+    tpot_ms: float | None = Field(None, gt=0, description="Target time per output token, milliseconds (simulator attainment).")
+    queue_depth_per_replica: float | None = Field(None, gt=0, description="Target waiting requests per ready replica.")
+
+
+class RuleSpec(_Strict):
+    kind: str = Field(description="Policy kind name, e.g. slo-guard, target-utilization, queue-depth, schedule.")
+    name: str | None = Field(None, description="Rule name shown in traces; defaults to the kind.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Kind-specific parameters, validated by the kind's schema.")
+
+
+class RateLimitType(str, enum.Enum):
+    REPLICAS = "replicas"
+    PERCENT = "percent"
+
+
+class RateLimit(_Strict):
+    """HPA ``HPAScalingPolicy``: at most ``value`` replicas (or percent of current) per ``period_s``."""
+
+    type: RateLimitType = Field(description="replicas or percent.")
+    value: int = Field(gt=0, description="Replicas, or percent of the replicas at the start of the period.")
+    period_s: float = Field(gt=0, le=1800, description="Length of the period, seconds.")
+
+
+class ScalingRules(_Strict):
+    stabilization_s: NonNegFloat = Field(0, description="Stabilization window, seconds: scale-up takes the min, scale-down the max, of the recommendations in the window.")
+    policies: tuple[RateLimit, ...] = Field((), description="Rate limits (HPA semantics). Empty: no limit.")
+    select: Literal["max", "min", "disabled"] = Field("max", description="Which rate limit applies when several do: the most permissive (max), the strictest (min), or none may scale (disabled).")
+    cooldown_s: NonNegFloat = Field(0, description="Minimum seconds since the last scaling event in this direction before another.")
+
+
+def _default_up() -> ScalingRules:
+    # HPA's default scale-up: max(100 % / 15 s, 4 pods / 15 s), no stabilization.
+    return ScalingRules(
+        stabilization_s=0,
+        policies=(RateLimit(type=RateLimitType.PERCENT, value=100, period_s=15),
+                  RateLimit(type=RateLimitType.REPLICAS, value=4, period_s=15)),
+    )
+
+
+def _default_down() -> ScalingRules:
+    # HPA's default scale-down: 300 s stabilization, 100 % / 15 s.
+    return ScalingRules(
+        stabilization_s=300,
+        policies=(RateLimit(type=RateLimitType.PERCENT, value=100, period_s=15),),
+    )
+
+
+class Behavior(_Strict):
+    tolerance: float = Field(0.1, ge=0, lt=1, description="Dead band: a change of the combined recommendation within this fraction of current replicas is ignored.")
+    scale_up: ScalingRules = Field(default_factory=_default_up, description="Scale-up rules; default: no stabilization, max(100 %, 4 replicas) per 15 s.")
+    scale_down: ScalingRules = Field(default_factory=_default_down, description="Scale-down rules; default: 300 s stabilization, 100 % per 15 s.")
+
+
+class Placement(_Strict):
+    pools: tuple[str, ...] | None = Field(None, description="Pools this policy may use (default: every pool the model has a Deployment in).")
+    spot_spread_min_pools: int = Field(2, ge=1, description="When more than one replica bursts to spot, spread them over at least this many spot pools (when that many are available).")
+    allow_on_demand: bool = Field(True, description="Use on-demand pools as the fallback when on-prem and spot cannot hold the total.")
+    unavailable_after_unready_s: NonNegFloat = Field(300, description="A pool whose new replicas stay unready this long is marked unavailable (providers apply it).")
+    max_recent_interruptions: int = Field(3, ge=0, description="A spot pool with more interruptions than this within interruption_window_s is treated as unavailable.")
+    interruption_window_s: NonNegFloat = Field(3600, description="Window for counting recent interruptions, seconds.")
+
+
+class Budget(_Strict):
+    max_cost_per_hour_usd: float | None = Field(None, gt=0, description="Hard ceiling on the placement's cost per hour, all pools (on-prem at its amortized price).")
+    max_cost_per_million_tokens_usd: float | None = Field(None, gt=0, description="Ceiling on cost per million output tokens at the observed token rate; ignored while the token rate is unknown.")
+
+
+class OnMissing(str, enum.Enum):
+    HOLD = "hold"
+    """Keep current replicas; scale-up from other rules still applies; never scale down."""
+    IGNORE = "ignore"
+    """Let the other rules decide as if the missing rule had no opinion (may scale down)."""
+
+
+class MissingData(_Strict):
+    on_missing: OnMissing = Field(OnMissing.HOLD, description="What to do when a rule's inputs are missing or stale.")
+    max_signal_age_s: float = Field(60, gt=0, description="Samples older than this count as missing, seconds.")
+
+
+class PolicySpec(_Strict):
+    model: str = Field(description="The model (bundle name in the daemon config) this policy scales.")
+    priority: int = Field(0, description="When several files set behaviour for one model, the highest priority wins (ties are an error).")
+    bounds: Bounds = Field(default_factory=Bounds, description="Replica bounds, total across pools.")
+    slo: SLO = Field(default_factory=SLO, description="SLO targets the rules aim at.")
+    rules: tuple[RuleSpec, ...] = Field(default=(RuleSpec(kind="slo-guard"),), min_length=1, description="Policy kinds and their params; the max of their recommendations wins.")
+    behavior: Behavior = Field(default_factory=Behavior, description="Shared safeguards (HPA semantics): tolerance, stabilization, rate limits, cooldowns.")
+    placement: Placement = Field(default_factory=Placement, description="How the total is spread over pools.")
+    budget: Budget = Field(default_factory=Budget, description="Cost ceilings, never exceeded.")
+    missing_data: MissingData = Field(default_factory=MissingData, description="Behaviour when signals are missing or stale.")
+
+    @field_validator("rules")
+    @classmethod
+    def _unique_rule_names(cls, rules: tuple[RuleSpec, ...]) -> tuple[RuleSpec, ...]:
+        seen: set[str] = set()
+        for r in rules:
+            n = r.name or r.kind
+            if n in seen:
+                raise ValueError(f"rule name {n!r} appears twice; give each rule a distinct name")
+            seen.add(n)
+        return rules
+
+
+class Metadata(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", description="DNS-1123 style name, unique across policy files.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Free-form labels.")
+
+
+class ScalingPolicy(_Strict):
+    """One YAML document: ``apiVersion: tidegate/v1``, ``kind: ScalingPolicy``."""
+
+    apiVersion: Literal["tidegate/v1"] = Field(description="Format version.")
+    kind: Literal["ScalingPolicy"] = Field(description="Document kind.")
+    metadata: Metadata = Field(description="Name and labels.")
+    spec: PolicySpec = Field(description="The policy.")

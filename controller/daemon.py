@@ -1,0 +1,500 @@
+"""The daemon: observe -> decide -> act -> record, once per tick, for every model.
+
+This module owns the I/O around the pure core: it asks the providers for signals and pool state,
+hands them as values to ``controller.core.pipeline.decide``, applies the placement through the pool
+providers (or records what it would have done, in dry-run), and writes one decision row per model
+per tick. It keeps the little runtime state the core needs between ticks (each model's ``History``)
+and rebuilds it from the decision log on start, so a restart does not reset stabilization windows.
+
+Threads: the tick runs on an APScheduler job (max one instance, coalesced) and is additionally
+guarded by a lock so a manual ``tick()`` (tests, ``POST`` paths) never overlaps it. The admin API
+reads snapshots (``status()``) under the same lock's protection of the small shared dicts.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time as _wall
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from controller.config import DaemonConfig
+from controller.core.model import (
+    Action,
+    ActionStatus,
+    Decision,
+    History,
+    ModelSignals,
+    ModelSpec,
+    PoolSpec,
+    PoolState,
+)
+from controller.core.pipeline import decide
+from controller.core.reasons import Reason
+from controller.db.repo import Repository
+from controller.logs import log
+from controller.metrics import DaemonMetrics
+from controller.policyfile import PolicyStore
+from controller.protocols import Clock, MetricsSource, PoolProvider, PriceSource, ProviderError
+from policies.base import Registry
+
+logger = logging.getLogger("tidegate.daemon")
+
+SIGNAL_NAMES = (
+    "queue_depth", "p99_latency_ms", "gpu_utilization_pct", "request_rate_per_s",
+    "output_tokens_per_s", "cost_per_million_tokens_usd",
+)
+
+
+@dataclass
+class TickReport:
+    at: datetime
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    decision_ids: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    skipped: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.skipped is None and not self.errors
+
+
+class Daemon:
+    """One daemon instance. Build it with providers; ``start()`` schedules ticks; ``stop()`` ends."""
+
+    def __init__(
+        self,
+        config: DaemonConfig,
+        *,
+        clock: Clock,
+        metrics_source: MetricsSource,
+        pool_providers: Mapping[str, PoolProvider],
+        repo: Repository,
+        registry: Registry,
+        price_source: PriceSource | None = None,
+        policies_dir: Path | None = None,
+        dry_run: bool | None = None,
+        metrics: DaemonMetrics | None = None,
+        is_leader: Callable[[], bool] | None = None,
+        on_decision: Callable[[Decision, ModelSignals], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.metrics_source = metrics_source
+        self.pool_providers = dict(pool_providers)
+        self.price_source = price_source
+        self.repo = repo
+        self.registry = registry
+        self.dry_run = config.dry_run if dry_run is None else dry_run
+        self.metrics = metrics or DaemonMetrics()
+        self.is_leader = is_leader or (lambda: True)
+        self.on_decision = on_decision
+        self.models: dict[str, ModelSpec] = config.model_specs()
+        self.pools: dict[str, PoolSpec] = config.pool_specs()
+        self.policies_dir = policies_dir or config.policies_dir
+        self.policy_store = PolicyStore(registry, known_models=set(self.models))
+
+        self._tick_lock = threading.Lock()
+        self._state_lock = threading.RLock()
+        self.paused = False
+        self.histories: dict[str, History] = {}
+        self.last_decisions: dict[str, Decision] = {}
+        self.last_decision_ids: dict[str, int] = {}
+        self.last_signals: dict[str, ModelSignals] = {}
+        self.last_errors: dict[str, str] = {}
+        self.observed_once: set[str] = set()
+        self.last_success_at: datetime | None = None
+        self.last_tick_at: datetime | None = None
+        self.consecutive_failures = 0
+        self.backoff_until: datetime | None = None
+        self._rng = random.Random(0)
+        self._scheduler: Any = None
+        self._history_loaded = False
+
+    # ------------------------------------------------------------------ policies
+    def reload_policies(self, author: str = "daemon") -> dict[str, Any]:
+        """Re-read the policies directory; new versions are stored with their hash, a bad file is
+        rejected (logged, visible in ``/v1/policies``) and the last good version stays in force."""
+        report = self.policy_store.reload(self.policies_dir)
+        now = self.clock.now()
+        for item in getattr(report, "new_versions", []) or []:
+            model, version, sources, content = item
+            self.repo.record_policy_version(model, version, list(sources), content, now)
+            self.metrics.policy_info.labels(model=model, version=version).set(1)
+            log(logger, logging.INFO, "policy version in force", model=model, version=version,
+                sources=",".join(map(str, sources)), author=author)
+        for err in getattr(report, "errors", []) or []:
+            self.metrics.policy_reload_errors.inc()
+            log(logger, logging.ERROR, "policy file rejected; last good version stays in force",
+                file=str(err.file), line=err.line, path=err.path, error=err.message)
+        return self.policy_store.status()
+
+    # ------------------------------------------------------------------ observe
+    def _observe(self, now: datetime) -> dict[str, ModelSignals]:
+        specs = list(self.models.values())
+        try:
+            raw = dict(self.metrics_source.observe(specs, now))
+        except ProviderError as e:  # a metrics source should not raise, but never trust it
+            log(logger, logging.WARNING, "metrics source failed; all signals missing", error=str(e))
+            raw = {}
+        prices: Mapping[str, float] = {}
+        if self.price_source is not None:
+            try:
+                prices = self.price_source.prices(list(self.pools.values()), now)
+            except ProviderError as e:
+                log(logger, logging.WARNING, "price source failed; static prices used", error=str(e))
+        out: dict[str, ModelSignals] = {}
+        for name, model in self.models.items():
+            sig = raw.get(name) or ModelSignals(model=name, at=now)
+            states: dict[str, PoolState] = {}
+            for pool_name in model.pools:
+                provider = self.pool_providers.get(pool_name)
+                if provider is None:
+                    states[pool_name] = PoolState(pool=pool_name, replicas=None, available=False,
+                                                  unavailable_reason="no provider configured", at=now)
+                    continue
+                try:
+                    st = provider.state(model, now)
+                except ProviderError as e:
+                    # Unknown capacity: the core holds (NotObservedYet) rather than guess.
+                    log(logger, logging.WARNING, "pool state unavailable", model=name, pool=pool_name, error=str(e))
+                    st = PoolState(pool=pool_name, replicas=None, available=False,
+                                   unavailable_reason=f"state failed: {e}", at=now)
+                if pool_name in prices and st.price_per_node_hour_usd is None:
+                    st = replace(st, price_per_node_hour_usd=prices[pool_name])
+                states[pool_name] = st
+            out[name] = replace(sig, pools=states)
+        return out
+
+    # ------------------------------------------------------------------ act
+    def _pool_nodes(self, placements: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+        """Nodes each pool must hold for every model's placement (models do not share nodes)."""
+        nodes: dict[str, int] = {}
+        for model_name, placement in placements.items():
+            model = self.models[model_name]
+            for pool_name, replicas in placement.items():
+                pool = self.pools[pool_name]
+                nodes[pool_name] = nodes.get(pool_name, 0) + pool.nodes_for(model, replicas)
+        for pool_name, pool in self.pools.items():
+            nodes[pool_name] = max(nodes.get(pool_name, 0), pool.min_nodes)
+        return nodes
+
+    def _act(self, decision: Decision, nodes: Mapping[str, int], now: datetime) -> tuple[list[Action], str, str | None]:
+        model = self.models[decision.model]
+        if not decision.actuate:
+            return [], "skipped", decision.reason
+        # make before break: pools that grow first, then pools that shrink
+        order = sorted(
+            decision.placement,
+            key=lambda p: (decision.placement[p] <= decision.previous_placement.get(p, 0), p),
+        )
+        actions: list[Action] = []
+        failed: list[str] = []
+        for pool_name in order:
+            want = decision.placement[pool_name]
+            provider = self.pool_providers.get(pool_name)
+            if provider is None:
+                continue
+            if self.dry_run:
+                actions.append(Action(provider="dry-run", call="scale", pool=pool_name, model=model.name,
+                                      arguments={"replicas": want, "nodes": nodes.get(pool_name, 0)},
+                                      status=ActionStatus.DRY_RUN))
+                continue
+            try:
+                actions.extend(provider.scale(model, want, nodes.get(pool_name, 0), now))
+            except ProviderError as e:
+                status = ActionStatus.FAILED_TRANSIENT if e.retryable else ActionStatus.FAILED_PERMANENT
+                actions.append(Action(provider=type(provider).__name__, call="scale", pool=pool_name,
+                                      model=model.name, arguments={"replicas": want}, status=status,
+                                      error=f"{type(e).__name__}: {e}"))
+                failed.append(pool_name)
+        for a in actions:
+            self.metrics.actions.labels(pool=a.pool, call=a.call, status=a.status.value).inc()
+            if a.status in (ActionStatus.FAILED_TRANSIENT, ActionStatus.FAILED_PERMANENT) and a.pool not in failed:
+                failed.append(a.pool)
+        if self.dry_run:
+            return actions, "dry-run", None
+        if failed:
+            outcome = "failed" if len(failed) == len(order) else "partial"
+            return actions, outcome, f"failed pools: {', '.join(sorted(set(failed)))}"
+        return actions, "applied", None
+
+    # ------------------------------------------------------------------ tick
+    def _ensure_history(self, now: datetime) -> None:
+        if self._history_loaded:
+            return
+        policies = self.policy_store.policies()
+        for name in self.models:
+            pol = policies.get(name)
+            horizon = 1800.0
+            if pol is not None:
+                b = pol.spec.behavior
+                periods = [rl.period_s for rl in (*b.scale_up.policies, *b.scale_down.policies)]
+                horizon = max([b.scale_up.stabilization_s, b.scale_down.stabilization_s,
+                               b.scale_up.cooldown_s, b.scale_down.cooldown_s, *periods, 60.0])
+            self.histories[name] = self.repo.rebuild_history(name, now, horizon)
+        self._history_loaded = True
+
+    def tick(self) -> TickReport:
+        """One pass over all models. Never overlaps itself; one model's failure spares the others."""
+        if not self._tick_lock.acquire(blocking=False):
+            self.metrics.ticks.labels(result="skipped").inc()
+            return TickReport(at=self.clock.now(), skipped="previous tick still running")
+        started = _wall.perf_counter()
+        try:
+            return self._tick_locked()
+        finally:
+            self.metrics.tick_duration.observe(_wall.perf_counter() - started)
+            self._tick_lock.release()
+
+    def _tick_locked(self) -> TickReport:
+        now = self.clock.now()
+        report = TickReport(at=now)
+        if self.backoff_until is not None and now < self.backoff_until:
+            report.skipped = f"backing off until {self.backoff_until.isoformat()}"
+            self.metrics.ticks.labels(result="skipped").inc()
+            return report
+        if not self.is_leader():
+            # Followers observe nothing and act on nothing: one daemon decides at a time.
+            report.skipped = "not the leader"
+            self.metrics.leader.set(0)
+            self.metrics.ticks.labels(result="skipped").inc()
+            return report
+        self.metrics.leader.set(1)
+        self._ensure_history(now)
+        signals = self._observe(now)
+        policies = self.policy_store.policies()
+        decisions: dict[str, Decision] = {}
+        transient_failures = 0
+        for name, model in self.models.items():
+            policy = policies.get(name)
+            if policy is None:
+                report.errors[name] = "no valid policy for this model"
+                continue
+            try:
+                overrides = self.repo.active_overrides(now, model=name)
+                sig = signals[name]
+                decision = decide(
+                    model=model, pools=self.pools, signals=sig, policy=policy,
+                    history=self.histories.get(name, History()), overrides=overrides, now=now,
+                    paused=self.paused,
+                )
+                if decision.reason != Reason.NOT_OBSERVED_YET.value:
+                    self.observed_once.add(name)
+                decisions[name] = decision
+            except Exception as e:  # noqa: BLE001 - isolate models from each other
+                logger.exception("decision failed", extra={"fields": {"model": name}})
+                report.errors[name] = f"{type(e).__name__}: {e}"
+        # nodes per pool from every model's newest placement
+        placements = {n: d.placement for n, d in decisions.items()}
+        for n, d in self.last_decisions.items():
+            placements.setdefault(n, d.placement)
+        nodes = self._pool_nodes(placements)
+        for name, decision in decisions.items():
+            sig = signals[name]
+            try:
+                actions, outcome, detail = self._act(decision, nodes, now)
+                transient_failures += sum(a.status is ActionStatus.FAILED_TRANSIENT for a in actions)
+                decision_id = self.repo.record_decision(decision, sig, self.dry_run)
+                self.repo.record_actions(decision_id, actions, outcome, detail)
+            except Exception as e:  # noqa: BLE001 - the next model still gets its tick
+                logger.exception("act/record failed", extra={"fields": {"model": name}})
+                report.errors[name] = f"{type(e).__name__}: {e}"
+                continue
+            with self._state_lock:
+                self.histories[name] = decision.history
+                self.last_decisions[name] = decision
+                self.last_decision_ids[name] = decision_id
+                self.last_signals[name] = sig
+            report.decisions[name] = decision
+            report.decision_ids[name] = decision_id
+            self._export(decision, sig, outcome)
+            if outcome in ("failed", "partial"):
+                report.errors[name] = detail or outcome
+            if self.on_decision is not None:
+                self.on_decision(decision, sig)
+        self._finish_tick(report, now, transient_failures)
+        return report
+
+    def _finish_tick(self, report: TickReport, now: datetime, transient_failures: int) -> None:
+        with self._state_lock:
+            self.last_tick_at = now
+            self.last_errors = dict(report.errors)
+            if report.ok:
+                self.last_success_at = now
+                self.consecutive_failures = 0
+                self.backoff_until = None
+                self.metrics.last_success.set(now.timestamp())
+                self.metrics.ticks.labels(result="ok").inc()
+                return
+            self.consecutive_failures += 1
+            self.metrics.ticks.labels(result="error").inc()
+            if transient_failures or len(report.errors) == len(self.models):
+                # exponential backoff with full jitter, in daemon-clock seconds
+                base = self.config.loop.interval_s * (2 ** min(self.consecutive_failures, 10))
+                delay = min(self.config.loop.backoff_max_s, base) * (0.5 + self._rng.random() / 2)
+                self.backoff_until = now + timedelta(seconds=delay)
+                log(logger, logging.WARNING, "tick failed; backing off", failures=self.consecutive_failures,
+                    backoff_s=round(delay, 1), errors=report.errors)
+
+    def _export(self, d: Decision, sig: ModelSignals, outcome: str) -> None:
+        m = self.metrics
+        m.decisions.labels(model=d.model, reason=d.reason).inc()
+        m.desired_total.labels(model=d.model).set(d.replicas)
+        model = self.models[d.model]
+        for pool_name in model.pools:
+            pool = self.pools[pool_name]
+            st = sig.pools.get(pool_name)
+            m.replicas.labels(model=d.model, pool=pool_name, state="desired").set(d.placement.get(pool_name, 0))
+            if st is not None and st.replicas is not None:
+                m.replicas.labels(model=d.model, pool=pool_name, state="current").set(st.replicas)
+            if st is not None and st.ready_replicas is not None:
+                m.replicas.labels(model=d.model, pool=pool_name, state="ready").set(st.ready_replicas)
+            price = (st.price_per_node_hour_usd if st and st.price_per_node_hour_usd is not None
+                     else pool.price_per_node_hour_usd)
+            m.cost_per_hour.labels(model=d.model, pool=pool_name).set(
+                pool.nodes_for(model, d.placement.get(pool_name, 0)) * price)
+            m.pool_available.labels(model=d.model, pool=pool_name).set(1 if (st is None or st.available) else 0)
+        if d.interrupted_replaced:
+            for pool_name in model.pools:
+                st = sig.pools.get(pool_name)
+                if st is not None and st.interrupted_replicas:
+                    m.interruptions.labels(pool=pool_name).inc(st.interrupted_replicas)
+        cpt = sig.cost_per_million_tokens_usd.value
+        if cpt is not None:
+            m.cost_per_mtok.labels(model=d.model).set(cpt)
+        if sig.p99_latency_ms.value is not None:
+            m.p99_latency.labels(model=d.model).set(sig.p99_latency_ms.value)
+        if sig.queue_depth.value is not None:
+            m.queue_depth.labels(model=d.model).set(sig.queue_depth.value)
+        for s in SIGNAL_NAMES:
+            sample = getattr(sig, s)
+            m.signal_missing.labels(model=d.model, signal=s).set(0 if sample.value is not None else 1)
+        pol = self.policy_store.policies().get(d.model)
+        if pol is not None:
+            if pol.spec.budget.max_cost_per_hour_usd is not None:
+                m.budget_cap.labels(model=d.model).set(pol.spec.budget.max_cost_per_hour_usd)
+            if pol.spec.slo.p99_latency_ms is not None:
+                m.slo_p99.labels(model=d.model).set(pol.spec.slo.p99_latency_ms)
+        if d.changed or outcome not in ("skipped",):
+            log(logger, logging.INFO if d.changed else logging.DEBUG, "decision",
+                model=d.model, replicas=d.replicas, current=d.current_replicas,
+                placement=",".join(f"{p}={n}" for p, n in sorted(d.placement.items())),
+                reason=d.reason, outcome=outcome, cost_per_hour_usd=round(d.cost_per_hour_usd, 2))
+
+    # ------------------------------------------------------------------ operator controls
+    def pause(self, author: str, reason: str = "") -> None:
+        with self._state_lock:
+            self.paused = True
+        self.metrics.paused.set(1)
+        self.repo.audit(author, "pause", "daemon", {"reason": reason}, self.clock.now())
+
+    def resume(self, author: str, reason: str = "") -> None:
+        with self._state_lock:
+            self.paused = False
+        self.metrics.paused.set(0)
+        self.repo.audit(author, "resume", "daemon", {"reason": reason}, self.clock.now())
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready when the first complete observation is done and the last successful tick is
+        recent (three intervals, daemon clock)."""
+        now = self.clock.now()
+        with self._state_lock:
+            last = self.last_success_at
+            detail: dict[str, Any] = {
+                "last_successful_tick": last.isoformat() if last else None,
+                "last_tick": self.last_tick_at.isoformat() if self.last_tick_at else None,
+                "consecutive_failures": self.consecutive_failures,
+                "observed_models": sorted(self.observed_once),
+                "errors": dict(self.last_errors),
+                "paused": self.paused,
+                "dry_run": self.dry_run,
+                "degraded": dict(getattr(self.metrics_source, "degraded", {}) or {}),
+            }
+        limit = timedelta(seconds=3 * self.config.loop.interval_s + 1)
+        ready = (last is not None and now - last <= limit
+                 and self.consecutive_failures < self.config.loop.ready_after_failed_ticks
+                 and self.observed_once >= set(self.policy_store.policies()) & set(self.models))
+        return ready, detail
+
+    def status(self) -> dict[str, Any]:
+        from controller.db.codec import sample_to_json  # local: codec is a leaf helper
+
+        now = self.clock.now()
+        out: dict[str, Any] = {"at": now.isoformat(), "paused": self.paused, "dry_run": self.dry_run,
+                               "models": {}}
+        overrides = self.repo.active_overrides(now)
+        policies = self.policy_store.policies()
+        with self._state_lock:
+            for name, model in self.models.items():
+                d = self.last_decisions.get(name)
+                sig = self.last_signals.get(name)
+                pools: dict[str, Any] = {}
+                for pool_name in model.pools:
+                    st = sig.pools.get(pool_name) if sig else None
+                    pools[pool_name] = {
+                        "kind": self.pools[pool_name].kind.value,
+                        "current_replicas": st.replicas if st else None,
+                        "ready_replicas": st.ready_replicas if st else None,
+                        "desired_replicas": d.placement.get(pool_name) if d else None,
+                        "nodes": st.nodes if st else None,
+                        "available": st.available if st else None,
+                        "unavailable_reason": st.unavailable_reason if st else None,
+                        "price_per_node_hour_usd": (st.price_per_node_hour_usd if st and st.price_per_node_hour_usd is not None
+                                                    else self.pools[pool_name].price_per_node_hour_usd),
+                    }
+                out["models"][name] = {
+                    "policy_version": policies[name].version if name in policies else None,
+                    "signals": {s: sample_to_json(getattr(sig, s)) for s in SIGNAL_NAMES} if sig else None,
+                    "pools": pools,
+                    "current_replicas": d.current_replicas if d else None,
+                    "desired_replicas": d.replicas if d else None,
+                    "cost_per_hour_usd": d.cost_per_hour_usd if d else None,
+                    "overrides": [o.id for o in overrides if o.model == name],
+                    "last_decision": ({"id": self.last_decision_ids.get(name), "at": d.at.isoformat(),
+                                       "reason": d.reason, "actuate": d.actuate} if d else None),
+                    "degraded": (getattr(self.metrics_source, "degraded", {}) or {}).get(name),
+                }
+        return out
+
+    # ------------------------------------------------------------------ scheduling
+    def start(self, wall_interval_s: float | None = None, policy_reload_s: float | None = None) -> None:
+        """Schedule the tick (max one instance, coalesced) and the policy watcher."""
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        self.reload_policies()
+        interval = wall_interval_s if wall_interval_s is not None else self.config.loop.interval_s
+        sched = BackgroundScheduler(timezone="UTC")
+        sched.add_job(self._safe_tick, "interval", seconds=interval, id="tick", max_instances=1,
+                      coalesce=True, misfire_grace_time=None, next_run_time=datetime.now().astimezone())
+        sched.add_job(self._safe_reload, "interval", seconds=policy_reload_s or self.config.loop.policy_reload_s,
+                      id="policy-reload", max_instances=1, coalesce=True)
+        sched.start()
+        self._scheduler = sched
+
+    def add_job(self, func: Callable[[], Any], seconds: float, job_id: str) -> None:
+        """Extra periodic work from providers (e.g. spot price refresh) on the same scheduler."""
+        if self._scheduler is not None:
+            self._scheduler.add_job(func, "interval", seconds=seconds, id=job_id, max_instances=1, coalesce=True)
+
+    def _safe_tick(self) -> None:
+        try:
+            self.tick()
+        except Exception:  # noqa: BLE001 - the scheduler must keep running
+            logger.exception("tick crashed")
+            self.metrics.ticks.labels(result="error").inc()
+
+    def _safe_reload(self) -> None:
+        try:
+            self.reload_policies()
+        except Exception:  # noqa: BLE001
+            logger.exception("policy reload crashed")
+
+    def stop(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=True)
+            self._scheduler = None

@@ -1,0 +1,94 @@
+"""Schema migrations of the decision log, driven from code.
+
+The daemon, ``tidegate db upgrade`` and the tests all migrate through these functions, so that
+there is one way to reach the schema: Alembic, with the version scripts in the ``migrations``
+package. The Alembic configuration is built here in code (no ini file to find relative to the
+current directory); ``migrations/alembic.ini`` exists only for people who run ``alembic`` by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import migrations
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+__all__ = ["SchemaNotCurrentError", "alembic_config", "upgrade", "downgrade", "current_revision", "head_revision", "check"]
+
+
+class SchemaNotCurrentError(RuntimeError):
+    """The database is not at the newest migration: run ``tidegate db upgrade``."""
+
+
+def _script_location() -> str:
+    return str(Path(migrations.__file__).resolve().parent)
+
+
+def alembic_config(url: str) -> Config:
+    """An Alembic config for ``url`` with the ``migrations`` package as script location."""
+    cfg = Config()
+    cfg.set_main_option("script_location", _script_location())
+    cfg.set_main_option("path_separator", "os")
+    # ConfigParser interpolates '%': a percent-encoded password must be escaped to survive. The
+    # raw URL also goes in attributes, which env.py prefers.
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    cfg.attributes["url"] = url
+    cfg.attributes["configure_logger"] = False
+    return cfg
+
+
+def upgrade(url: str | sa.engine.Engine, revision: str = "head") -> None:
+    """Migrate the database at ``url`` up to ``revision`` (creating the schema on an empty one).
+
+    An engine may be given instead of a URL: the migration then runs on one of its connections,
+    which is the only way to migrate an in-memory SQLite database a repository will use.
+    """
+    if isinstance(url, str):
+        command.upgrade(alembic_config(url), revision)
+        return
+    cfg = alembic_config(url.url.render_as_string(hide_password=False))
+    with url.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def downgrade(url: str, revision: str) -> None:
+    """Migrate down to ``revision`` (``"base"``: drop everything). Loses data; tests and rollbacks only."""
+    command.downgrade(alembic_config(url), revision)
+
+
+def head_revision() -> str:
+    """The newest revision of the scripts; raises if the scripts have several heads."""
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    if head is None:
+        raise SchemaNotCurrentError("no migration scripts found")
+    return head
+
+
+def current_revision(url: str) -> str | None:
+    """The revision the database at ``url`` is at; ``None`` for a database never migrated."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def check(url: str) -> None:
+    """Raise :class:`SchemaNotCurrentError` unless the database at ``url`` is at the head revision.
+
+    The daemon calls this at start instead of migrating by itself: schema changes are an
+    operator's deliberate step (``tidegate db upgrade``), not a side effect of a restart.
+    """
+    current = current_revision(url)
+    head = head_revision()
+    if current != head:
+        raise SchemaNotCurrentError(
+            f"database schema is at {current or 'no revision (empty database)'}, expected {head}: "
+            "run `tidegate db upgrade`"
+        )

@@ -1,0 +1,201 @@
+"""The decision log's tables as SQLAlchemy 2 declarative models.
+
+The database is the daemon's memory and its audit trail: one row per decision (with the signals
+that caused it, the full trace and what stabilization needs to be rebuilt after a restart), one row
+per provider call, the operators' overrides (soft-deleted, so the audit keeps them), every API write
+in ``audit_log``, and each distinct policy file version seen.
+
+These models are used by the repository (``controller.db.repo``) and by Alembic's autogenerate
+comparison only. The migrations in ``migrations/versions`` spell their DDL out literally and never
+import this module: a migration must describe the schema as it was when it was written, not as the
+models say today. ``tests/integration/test_migrations.py`` checks that the two agree.
+
+Portability: the same schema runs on SQLite (the embedded default) and PostgreSQL (production).
+JSON columns are ``JSON`` (``JSONB`` on PostgreSQL); timestamps are ``DateTime(timezone=True)``
+behind :class:`UTCDateTime`, which refuses naive values and gives back aware UTC datetimes on both
+backends (SQLite stores no zone and would otherwise return naive ones).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+__all__ = [
+    "Base",
+    "UTCDateTime",
+    "JSONType",
+    "OUTCOMES",
+    "DecisionRow",
+    "ActionRow",
+    "OverrideRow",
+    "AuditRow",
+    "PolicyVersionRow",
+]
+
+# Deterministic constraint and index names, identical on every backend, so the literal DDL of the
+# migrations can name them and later migrations can drop them.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+OUTCOMES = ("pending", "applied", "partial", "failed", "skipped", "dry-run")
+"""What happened to a decision: ``pending`` until its actions are recorded; ``applied`` (every
+call succeeded or was a no-op), ``partial`` (some failed), ``failed`` (all failed), ``skipped``
+(not actuated: frozen, paused, not observed yet, nothing to change), ``dry-run``."""
+
+JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+"""Generic JSON; ``jsonb`` on PostgreSQL (compact, comparable, indexable)."""
+
+
+class UTCDateTime(sa.types.TypeDecorator[datetime]):
+    """``DateTime(timezone=True)`` that only stores aware datetimes and always reads aware UTC.
+
+    PostgreSQL keeps the instant in ``timestamptz``; SQLite keeps the text without an offset, so
+    values are normalized to UTC before binding and tagged UTC after reading.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"naive datetime {value.isoformat()} refused: the decision log stores aware UTC times")
+        value = value.astimezone(timezone.utc)
+        # SQLite compares the stored text: drop the offset so every row has the same UTC format
+        # and range filters compare correctly.
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UTCDateTime()}
+
+
+class DecisionRow(Base):
+    """One decision for one model at one tick: inputs, trace, outputs and outcome."""
+
+    __tablename__ = "decisions"
+    __table_args__ = (
+        sa.Index("ix_decisions_model_at", "model", "at"),
+        sa.CheckConstraint(
+            "outcome IN ('pending', 'applied', 'partial', 'failed', 'skipped', 'dry-run')",
+            name="outcome",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    model: Mapped[str] = mapped_column(sa.String(253))
+    at: Mapped[datetime]
+    policy_version: Mapped[str] = mapped_column(sa.String(128), default="")
+    dry_run: Mapped[bool] = mapped_column(sa.Boolean)
+    actuate: Mapped[bool] = mapped_column(sa.Boolean)
+    current_replicas: Mapped[int] = mapped_column(sa.Integer)
+    replicas: Mapped[int] = mapped_column(sa.Integer)
+    reason: Mapped[str] = mapped_column(sa.String(64))
+    placement: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    previous_placement: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    signals: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    recommendations: Mapped[list[Any]] = mapped_column(JSONType)
+    trace: Mapped[list[Any]] = mapped_column(JSONType)
+    cost_per_hour_usd: Mapped[float] = mapped_column(sa.Float)
+    interrupted_replaced: Mapped[int] = mapped_column(sa.Integer, default=0)
+    # What the stabilizer needs after a restart: the point this tick added to the recommendation
+    # window, the scale event it recorded (if any), and the rules' explicit state after the tick.
+    stabilization_replicas: Mapped[int | None] = mapped_column(sa.Integer)
+    scale_from_replicas: Mapped[int | None] = mapped_column(sa.Integer)
+    scale_to_replicas: Mapped[int | None] = mapped_column(sa.Integer)
+    rule_state: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    outcome: Mapped[str] = mapped_column(sa.String(16), default="pending")
+    outcome_detail: Mapped[str | None] = mapped_column(sa.Text)
+
+    actions: Mapped[list[ActionRow]] = relationship(
+        back_populates="decision", order_by="ActionRow.id", cascade="all, delete-orphan"
+    )
+
+
+class ActionRow(Base):
+    """One provider call made (or, in dry-run, not made) for a decision, and how it went."""
+
+    __tablename__ = "actions"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    decision_id: Mapped[int] = mapped_column(sa.ForeignKey("decisions.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime]
+    provider: Mapped[str] = mapped_column(sa.String(64))
+    call: Mapped[str] = mapped_column(sa.String(64))
+    pool: Mapped[str] = mapped_column(sa.String(253))
+    model: Mapped[str] = mapped_column(sa.String(253))
+    arguments: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    status: Mapped[str] = mapped_column(sa.String(32))
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    latency_ms: Mapped[float] = mapped_column(sa.Float)
+
+    decision: Mapped[DecisionRow] = relationship(back_populates="actions")
+
+
+class OverrideRow(Base):
+    """An operator's override. Never deleted: ``deleted_at`` / ``deleted_by`` mark a withdrawal."""
+
+    __tablename__ = "overrides"
+    __table_args__ = (sa.Index("ix_overrides_model_expires_at", "model", "expires_at"),)
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(sa.String(32))
+    model: Mapped[str] = mapped_column(sa.String(253))
+    pool: Mapped[str | None] = mapped_column(sa.String(253))
+    replicas: Mapped[int | None] = mapped_column(sa.Integer)
+    min_replicas: Mapped[int | None] = mapped_column(sa.Integer)
+    max_replicas: Mapped[int | None] = mapped_column(sa.Integer)
+    expires_at: Mapped[datetime | None]
+    reason: Mapped[str] = mapped_column(sa.Text, default="")
+    author: Mapped[str] = mapped_column(sa.String(253), default="")
+    created_at: Mapped[datetime]
+    deleted_at: Mapped[datetime | None]
+    deleted_by: Mapped[str | None] = mapped_column(sa.String(253))
+
+
+class AuditRow(Base):
+    """One write through the admin API (who, when, what, on which target)."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(index=True)
+    author: Mapped[str] = mapped_column(sa.String(253))
+    action: Mapped[str] = mapped_column(sa.String(64))
+    target: Mapped[str] = mapped_column(sa.String(512))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSONType)
+
+
+class PolicyVersionRow(Base):
+    """A distinct version (content hash) of a model's merged policy, first time it was seen."""
+
+    __tablename__ = "policy_versions"
+    __table_args__ = (sa.UniqueConstraint("model", "version"),)
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    model: Mapped[str] = mapped_column(sa.String(253))
+    version: Mapped[str] = mapped_column(sa.String(128))
+    sources: Mapped[Any] = mapped_column(JSONType)
+    """Where the version came from (file paths and their hashes), as the policy loader reports."""
+    content: Mapped[str] = mapped_column(sa.Text)
+    first_seen_at: Mapped[datetime]

@@ -1,0 +1,611 @@
+"""The decision log's repository: the only code that reads and writes the database.
+
+The daemon's tick thread records decisions and their actions and, on start, rebuilds the
+stabilizer's history from the log; the admin API's threads list decisions, manage overrides and
+write the audit log. Both share one :class:`Repository`: every method opens its own short
+transaction (SQLAlchemy 2 ``Session``), so no session, connection or ORM object is ever shared
+between threads; methods return plain dicts or the core's frozen values, never ORM rows.
+
+Time is data here too: every method that needs "now" takes it as an argument (the daemon's clock,
+the API's clock, a test's fixed instant). The repository never reads the clock itself, so expired
+overrides stop applying by comparison (``expires_at > now``), with no cleanup job.
+
+Restart safety: each decision row also stores what that tick added to the pipeline's memory (the
+point it added to the stabilization window, the scale event it recorded, the rules' state after the
+tick). :meth:`Repository.rebuild_history` folds the rows within a horizon back into a
+:class:`~controller.core.model.History`, so a restarted daemon decides as if it had never stopped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import selectinload, sessionmaker
+from sqlalchemy.pool import StaticPool
+
+from controller.core.model import (
+    Action,
+    Decision,
+    History,
+    ModelSignals,
+    Override,
+    OverrideKind,
+    ScaleEvent,
+)
+from controller.db import codec
+from controller.db.models import OUTCOMES, ActionRow, AuditRow, DecisionRow, OverrideRow, PolicyVersionRow
+
+__all__ = ["Repository", "make_engine"]
+
+_SQLITE_BUSY_TIMEOUT_MS = 10_000
+"""How long a SQLite writer waits for another connection's write lock before failing (ms): far
+longer than any of our transactions, short enough to surface a stuck writer."""
+
+_BATCH = 500
+"""Rows fetched per round trip by :meth:`Repository.all_decisions` (bounded memory on big logs)."""
+
+
+def _is_sqlite_memory(url: sa.engine.URL) -> bool:
+    return url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"
+
+
+def make_engine(url: str, *, echo: bool = False) -> Engine:
+    """An engine configured for the decision log.
+
+    SQLite: usable from several threads (``check_same_thread=False``); a file database runs in
+    WAL mode so the API's readers never block the tick's writer, with foreign keys enforced and a
+    busy timeout; an in-memory database keeps one shared connection (``StaticPool``) because each
+    new connection would otherwise see a different, empty database. PostgreSQL: connections are
+    checked before use, so a database restart costs one failed tick at most, not a broken pool.
+    """
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return sa.create_engine(parsed, echo=echo, pool_pre_ping=True)
+    memory = _is_sqlite_memory(parsed)
+    engine = sa.create_engine(
+        parsed,
+        echo=echo,
+        connect_args={"check_same_thread": False},
+        **({"poolclass": StaticPool} if memory else {}),
+    )
+
+    @event.listens_for(engine, "connect")
+    def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        try:
+            if not memory:
+                cur.execute("PRAGMA journal_mode=WAL")
+                # Safe with WAL (no corruption on power loss; at worst the last commits are lost).
+                cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute(f"PRAGMA busy_timeout={_SQLITE_BUSY_TIMEOUT_MS}")
+        finally:
+            cur.close()
+
+    return engine
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else codec.encode_datetime(value)
+
+
+def _tick_delta(decision: Decision) -> tuple[int | None, ScaleEvent | None]:
+    """What this tick added to the pipeline's history: the recommendation point and the scale
+    event stamped with the decision's own time (the pipeline stamps what it adds with ``now``)."""
+    point = None
+    for at, replicas in decision.history.recommendations:
+        if at == decision.at:
+            point = replicas
+    scale = None
+    for ev in decision.history.scale_events:
+        if ev.at == decision.at:
+            scale = ev
+    return point, scale
+
+
+class Repository:
+    """Reads and writes the decision log. Thread-safe; one instance per process is enough.
+
+    ``engine_or_url``: an engine (the caller keeps ownership) or a URL (the repository makes the
+    engine with :func:`make_engine` and disposes of it in :meth:`close`). The schema must exist
+    (``controller.db.migrate.upgrade``); the repository never creates tables.
+    """
+
+    def __init__(self, engine_or_url: Engine | str, *, echo: bool = False) -> None:
+        if isinstance(engine_or_url, Engine):
+            self._engine = engine_or_url
+            self._owns_engine = False
+        else:
+            self._engine = make_engine(engine_or_url, echo=echo)
+            self._owns_engine = True
+        self._sessions = sessionmaker(self._engine, expire_on_commit=False)
+        self._lock: AbstractContextManager[Any] = nullcontext()
+        self._read_lock: AbstractContextManager[Any] = nullcontext()
+        if self._engine.dialect.name == "sqlite":
+            # SQLite has one writer at a time: serializing our own writers in-process turns lock
+            # contention into a short wait instead of "database is locked" errors. An in-memory
+            # database shares one connection, so its readers must take the lock too.
+            lock = threading.RLock()
+            self._lock = lock
+            if _is_sqlite_memory(self._engine.url):
+                self._read_lock = lock
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    def close(self) -> None:
+        """Release the connections (only of an engine the repository made)."""
+        if self._owns_engine:
+            self._engine.dispose()
+
+    def __enter__(self) -> "Repository":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- decisions -----------------------------------------------------------------------------
+
+    def record_decision(self, decision: Decision, signals: ModelSignals, dry_run: bool) -> int:
+        """Store one decision with the signals it was made from; returns its id. Its outcome is
+        ``pending`` until :meth:`record_actions` says what happened."""
+        if signals.model != decision.model:
+            raise ValueError(f"signals are for model {signals.model!r}, decision for {decision.model!r}")
+        point, scale = _tick_delta(decision)
+        row = DecisionRow(
+            model=decision.model,
+            at=decision.at,
+            policy_version=decision.policy_version,
+            dry_run=dry_run,
+            actuate=decision.actuate,
+            current_replicas=decision.current_replicas,
+            replicas=decision.replicas,
+            reason=decision.reason,
+            placement={k: int(v) for k, v in decision.placement.items()},
+            previous_placement={k: int(v) for k, v in decision.previous_placement.items()},
+            signals=codec.signals_to_json(signals),
+            recommendations=[codec.recommendation_to_json(r) for r in decision.recommendations],
+            trace=[codec.stage_to_json(s) for s in decision.trace],
+            cost_per_hour_usd=decision.cost_per_hour_usd,
+            interrupted_replaced=decision.interrupted_replaced,
+            stabilization_replicas=point,
+            scale_from_replicas=None if scale is None else scale.from_replicas,
+            scale_to_replicas=None if scale is None else scale.to_replicas,
+            rule_state=codec.to_jsonable(decision.history.rule_state),
+            outcome="pending",
+            outcome_detail=None,
+        )
+        with self._lock, self._sessions.begin() as s:
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def record_actions(
+        self,
+        decision_id: int,
+        actions: Sequence[Action],
+        outcome: str,
+        outcome_detail: str | None = None,
+        *,
+        at: datetime | None = None,
+    ) -> None:
+        """Store the provider calls made for a decision and set its outcome (one of
+        ``models.OUTCOMES``). ``at``: when the calls were made; defaults to the decision's time.
+        May be called more than once (a retry adds its calls; the last outcome wins)."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
+        with self._lock, self._sessions.begin() as s:
+            row = s.get(DecisionRow, decision_id)
+            if row is None:
+                raise LookupError(f"no decision with id {decision_id}")
+            when = row.at if at is None else at
+            for a in actions:
+                row.actions.append(
+                    ActionRow(
+                        at=when,
+                        provider=a.provider,
+                        call=a.call,
+                        pool=a.pool,
+                        model=a.model,
+                        arguments=codec.to_jsonable(a.arguments),
+                        status=a.status.value,
+                        error=a.error,
+                        latency_ms=a.latency_ms,
+                    )
+                )
+            row.outcome = outcome
+            row.outcome_detail = outcome_detail
+
+    @staticmethod
+    def _summary(row: DecisionRow) -> dict[str, Any]:
+        return {
+            "id": row.id,
+            "model": row.model,
+            "at": _iso(row.at),
+            "replicas": row.replicas,
+            "current_replicas": row.current_replicas,
+            "placement": dict(row.placement),
+            "reason": row.reason,
+            "actuate": row.actuate,
+            "dry_run": row.dry_run,
+            "outcome": row.outcome,
+            "policy_version": row.policy_version,
+            "cost_per_hour_usd": row.cost_per_hour_usd,
+        }
+
+    @classmethod
+    def _full(cls, row: DecisionRow) -> dict[str, Any]:
+        out = cls._summary(row)
+        scale = None
+        if row.scale_from_replicas is not None and row.scale_to_replicas is not None:
+            scale = {"at": _iso(row.at), "from_replicas": row.scale_from_replicas, "to_replicas": row.scale_to_replicas}
+        out.update(
+            previous_placement=dict(row.previous_placement),
+            outcome_detail=row.outcome_detail,
+            interrupted_replaced=row.interrupted_replaced,
+            signals=row.signals,
+            recommendations=row.recommendations,
+            trace=row.trace,
+            stabilization_replicas=row.stabilization_replicas,
+            scale_event=scale,
+            rule_state=row.rule_state,
+            actions=[
+                {
+                    "id": a.id,
+                    "at": _iso(a.at),
+                    "provider": a.provider,
+                    "call": a.call,
+                    "pool": a.pool,
+                    "model": a.model,
+                    "arguments": a.arguments,
+                    "status": a.status,
+                    "error": a.error,
+                    "latency_ms": a.latency_ms,
+                }
+                for a in row.actions
+            ],
+        )
+        return out
+
+    def list_decisions(
+        self,
+        model: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Summaries, newest first. ``since`` is inclusive, ``until`` exclusive; pass the last id
+        of a page as ``before_id`` to get the next (keyset pagination: stable while rows arrive)."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        q = sa.select(DecisionRow)
+        if model is not None:
+            q = q.where(DecisionRow.model == model)
+        if since is not None:
+            q = q.where(DecisionRow.at >= since)
+        if until is not None:
+            q = q.where(DecisionRow.at < until)
+        if before_id is not None:
+            q = q.where(DecisionRow.id < before_id)
+        q = q.order_by(DecisionRow.id.desc()).limit(limit)
+        with self._read_lock, self._sessions() as s:
+            return [self._summary(r) for r in s.scalars(q)]
+
+    def get_decision(self, decision_id: int) -> dict[str, Any] | None:
+        """Everything about one decision: signals, recommendations, trace, history delta, actions."""
+        q = sa.select(DecisionRow).where(DecisionRow.id == decision_id).options(selectinload(DecisionRow.actions))
+        with self._read_lock, self._sessions() as s:
+            row = s.scalars(q).one_or_none()
+            return None if row is None else self._full(row)
+
+    def load_decision(self, decision_id: int) -> tuple[Decision, ModelSignals, list[Action]] | None:
+        """One decision as core values (for replays and analyses). The decision's ``history`` holds
+        only what that tick added to it (its recommendation point, its scale event) and the rule
+        state after it; the full history at any instant comes from :meth:`rebuild_history`."""
+        record = self.get_decision(decision_id)
+        if record is None:
+            return None
+        at = codec.decode_datetime(record["at"])
+        history = History(
+            recommendations=()
+            if record["stabilization_replicas"] is None
+            else ((at, int(record["stabilization_replicas"])),),
+            scale_events=()
+            if record["scale_event"] is None
+            else (codec.scale_event_from_json(record["scale_event"]),),
+            rule_state=codec.from_jsonable(record["rule_state"]),
+        )
+        decision = Decision(
+            model=record["model"],
+            at=at,
+            current_replicas=record["current_replicas"],
+            replicas=record["replicas"],
+            placement=record["placement"],
+            previous_placement=record["previous_placement"],
+            recommendations=tuple(codec.recommendation_from_json(r) for r in record["recommendations"]),
+            trace=tuple(codec.stage_from_json(st) for st in record["trace"]),
+            reason=record["reason"],
+            actuate=record["actuate"],
+            cost_per_hour_usd=record["cost_per_hour_usd"],
+            policy_version=record["policy_version"],
+            history=history,
+            interrupted_replaced=record["interrupted_replaced"],
+        )
+        actions = [codec.action_from_json(a) for a in record["actions"]]
+        return decision, codec.signals_from_json(record["signals"]), actions
+
+    def all_decisions(self, model: str | None = None) -> Iterator[dict[str, Any]]:
+        """Every decision in full (as :meth:`get_decision`), oldest first, fetched in batches; no
+        session stays open between batches, so abandoning the iterator leaks nothing."""
+        after_id = 0
+        while True:
+            q = (
+                sa.select(DecisionRow)
+                .where(DecisionRow.id > after_id)
+                .options(selectinload(DecisionRow.actions))
+                .order_by(DecisionRow.id)
+                .limit(_BATCH)
+            )
+            if model is not None:
+                q = q.where(DecisionRow.model == model)
+            with self._read_lock, self._sessions() as s:
+                batch = [self._full(r) for r in s.scalars(q)]
+            yield from batch
+            if len(batch) < _BATCH:
+                return
+            after_id = batch[-1]["id"]
+
+    def rebuild_history(self, model: str, now: datetime, horizon_s: float) -> History:
+        """The pipeline's history as it stood after the last decision before ``now``: the
+        recommendation points and scale events from decisions in ``[now - horizon_s, now]``,
+        oldest first, and the rule state of the latest decision (however old: a rule's state
+        carries its own timestamps and the rule judges their age)."""
+        if horizon_s < 0:
+            raise ValueError(f"horizon_s must be >= 0, got {horizon_s}")
+        start = now - timedelta(seconds=horizon_s)
+        window = (
+            sa.select(
+                DecisionRow.at,
+                DecisionRow.stabilization_replicas,
+                DecisionRow.scale_from_replicas,
+                DecisionRow.scale_to_replicas,
+            )
+            .where(DecisionRow.model == model, DecisionRow.at >= start, DecisionRow.at <= now)
+            .order_by(DecisionRow.at, DecisionRow.id)
+        )
+        last_state = (
+            sa.select(DecisionRow.rule_state)
+            .where(DecisionRow.model == model, DecisionRow.at <= now)
+            .order_by(DecisionRow.at.desc(), DecisionRow.id.desc())
+            .limit(1)
+        )
+        with self._read_lock, self._sessions() as s:
+            rows = s.execute(window).all()
+            state = s.scalars(last_state).first()
+        points: list[tuple[datetime, int]] = []
+        events: list[ScaleEvent] = []
+        for at, point, scale_from, scale_to in rows:
+            if point is not None:
+                points.append((at, point))
+            if scale_from is not None and scale_to is not None:
+                events.append(ScaleEvent(at=at, from_replicas=scale_from, to_replicas=scale_to))
+        return History(
+            recommendations=tuple(points),
+            scale_events=tuple(events),
+            rule_state=codec.from_jsonable(state) if state else {},
+        )
+
+    def last_placement(self, model: str, *, applied_only: bool = False) -> dict[str, int] | None:
+        """The placement of the model's latest decision (``applied_only``: of the latest one whose
+        actions were at least partly applied); ``None`` if there is none."""
+        q = sa.select(DecisionRow.placement).where(DecisionRow.model == model)
+        if applied_only:
+            q = q.where(DecisionRow.outcome.in_(("applied", "partial")))
+        q = q.order_by(DecisionRow.at.desc(), DecisionRow.id.desc()).limit(1)
+        with self._read_lock, self._sessions() as s:
+            placement = s.scalars(q).first()
+        return None if placement is None else {k: int(v) for k, v in placement.items()}
+
+    # --- overrides -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _override(row: OverrideRow) -> Override:
+        return Override(
+            id=row.id,
+            kind=OverrideKind(row.kind),
+            model=row.model,
+            pool=row.pool,
+            replicas=row.replicas,
+            min_replicas=row.min_replicas,
+            max_replicas=row.max_replicas,
+            expires_at=row.expires_at,
+            reason=row.reason,
+            author=row.author,
+            created_at=row.created_at,
+        )
+
+    @classmethod
+    def _override_dict(cls, row: OverrideRow, now: datetime) -> dict[str, Any]:
+        out = codec.override_to_json(cls._override(row))
+        if row.deleted_at is not None:
+            status = "deleted"
+        elif row.expires_at is not None and row.expires_at <= now:
+            status = "expired"
+        else:
+            status = "active"
+        out.update(deleted_at=_iso(row.deleted_at), deleted_by=row.deleted_by, status=status, active=status == "active")
+        return out
+
+    def add_override(
+        self,
+        kind: OverrideKind | str,
+        model: str,
+        pool: str | None = None,
+        replicas: int | None = None,
+        min_replicas: int | None = None,
+        max_replicas: int | None = None,
+        *,
+        ttl_s: float | None = None,
+        expires_at: datetime | None = None,
+        reason: str = "",
+        author: str = "",
+        now: datetime,
+    ) -> Override:
+        """Store an override. It expires at ``now + ttl_s`` or at ``expires_at`` (give at most
+        one; neither: until deleted). Raises ``ValueError`` on an inconsistent override."""
+        kind = OverrideKind(kind)
+        if ttl_s is not None and expires_at is not None:
+            raise ValueError("give ttl_s or expires_at, not both")
+        if ttl_s is not None:
+            if ttl_s <= 0:
+                raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+            expires_at = now + timedelta(seconds=ttl_s)
+        if expires_at is not None and expires_at <= now:
+            raise ValueError(f"expires_at {expires_at.isoformat()} is not after now {now.isoformat()}")
+        for name, value in (("replicas", replicas), ("min_replicas", min_replicas), ("max_replicas", max_replicas)):
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if kind is OverrideKind.PIN and replicas is None:
+            raise ValueError("a pin override needs replicas")
+        if kind is OverrideKind.BOUNDS:
+            if min_replicas is None and max_replicas is None:
+                raise ValueError("a bounds override needs min_replicas or max_replicas")
+            if min_replicas is not None and max_replicas is not None and min_replicas > max_replicas:
+                raise ValueError(f"min_replicas {min_replicas} > max_replicas {max_replicas}")
+        if kind is OverrideKind.DRAIN_POOL and pool is None:
+            raise ValueError("a drain-pool override needs a pool")
+        row = OverrideRow(
+            kind=kind.value,
+            model=model,
+            pool=pool,
+            replicas=replicas,
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+            expires_at=expires_at,
+            reason=reason,
+            author=author,
+            created_at=now,
+        )
+        with self._lock, self._sessions.begin() as s:
+            s.add(row)
+            s.flush()
+            return self._override(row)
+
+    def get_override(self, override_id: int, now: datetime) -> dict[str, Any] | None:
+        with self._read_lock, self._sessions() as s:
+            row = s.get(OverrideRow, override_id)
+            return None if row is None else self._override_dict(row, now)
+
+    def delete_override(self, override_id: int, author: str, now: datetime) -> bool:
+        """Withdraw an override (soft delete: the row stays for the audit). False if there is no
+        such override or it was already deleted."""
+        with self._lock, self._sessions.begin() as s:
+            row = s.get(OverrideRow, override_id)
+            if row is None or row.deleted_at is not None:
+                return False
+            row.deleted_at = now
+            row.deleted_by = author
+            return True
+
+    def active_overrides(self, now: datetime, model: str | None = None) -> list[Override]:
+        """Overrides in force at ``now`` (not deleted, not expired), oldest first."""
+        q = sa.select(OverrideRow).where(
+            OverrideRow.deleted_at.is_(None),
+            sa.or_(OverrideRow.expires_at.is_(None), OverrideRow.expires_at > now),
+        )
+        if model is not None:
+            q = q.where(OverrideRow.model == model)
+        with self._read_lock, self._sessions() as s:
+            return [self._override(r) for r in s.scalars(q.order_by(OverrideRow.id))]
+
+    def list_overrides(self, include_inactive: bool, now: datetime) -> list[dict[str, Any]]:
+        """Overrides as dicts, newest first, each with ``status`` (active / expired / deleted)."""
+        q = sa.select(OverrideRow)
+        if not include_inactive:
+            q = q.where(
+                OverrideRow.deleted_at.is_(None),
+                sa.or_(OverrideRow.expires_at.is_(None), OverrideRow.expires_at > now),
+            )
+        with self._read_lock, self._sessions() as s:
+            return [self._override_dict(r, now) for r in s.scalars(q.order_by(OverrideRow.id.desc()))]
+
+    # --- audit ---------------------------------------------------------------------------------
+
+    def audit(self, author: str, action: str, target: str, detail: Mapping[str, Any] | None, now: datetime) -> int:
+        """Record one API write; returns the entry's id."""
+        row = AuditRow(at=now, author=author, action=action, target=target, detail=codec.to_jsonable(detail or {}))
+        with self._lock, self._sessions.begin() as s:
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def list_audit(self, limit: int = 100, before_id: int | None = None) -> list[dict[str, Any]]:
+        """Audit entries, newest first (keyset pagination by ``before_id``)."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        q = sa.select(AuditRow)
+        if before_id is not None:
+            q = q.where(AuditRow.id < before_id)
+        q = q.order_by(AuditRow.id.desc()).limit(limit)
+        with self._read_lock, self._sessions() as s:
+            return [
+                {"id": r.id, "at": _iso(r.at), "author": r.author, "action": r.action, "target": r.target, "detail": r.detail}
+                for r in s.scalars(q)
+            ]
+
+    # --- policy versions -----------------------------------------------------------------------
+
+    def record_policy_version(self, model: str, version: str, sources: Any, content: str, now: datetime) -> bool:
+        """Remember a policy version (content hash) for a model; True if it was not known yet."""
+        values = {
+            "model": model,
+            "version": version,
+            "sources": codec.to_jsonable(sources),
+            "content": content,
+            "first_seen_at": now,
+        }
+        # INSERT ... ON CONFLICT DO NOTHING: several processes (two daemons during a rollout, the
+        # CLI) may meet the same version at once; the unique constraint decides which one is first.
+        # Core statements on the table (not the ORM entity), RETURNING the new id: the only
+        # portable way to learn whether a row went in (psycopg reports rowcount -1 here).
+        table = PolicyVersionRow.__table__
+        assert isinstance(table, sa.Table)
+        dialect = self._engine.dialect.name
+        if dialect == "sqlite":
+            stmt = sqlite.insert(table).values(**values).on_conflict_do_nothing().returning(table.c.id)
+        elif dialect == "postgresql":
+            stmt = postgresql.insert(table).values(**values).on_conflict_do_nothing().returning(table.c.id)
+        else:  # pragma: no cover - only SQLite and PostgreSQL are supported
+            raise NotImplementedError(f"unsupported database dialect {dialect}")
+        with self._lock, self._sessions.begin() as s:
+            return s.connection().execute(stmt).scalar() is not None
+
+    def list_policy_versions(self, model: str | None = None) -> list[dict[str, Any]]:
+        """Known policy versions, newest first."""
+        q = sa.select(PolicyVersionRow)
+        if model is not None:
+            q = q.where(PolicyVersionRow.model == model)
+        q = q.order_by(PolicyVersionRow.first_seen_at.desc(), PolicyVersionRow.id.desc())
+        with self._read_lock, self._sessions() as s:
+            return [
+                {
+                    "id": r.id,
+                    "model": r.model,
+                    "version": r.version,
+                    "sources": r.sources,
+                    "content": r.content,
+                    "first_seen_at": _iso(r.first_seen_at),
+                }
+                for r in s.scalars(q)
+            ]
+

@@ -1,0 +1,835 @@
+"""Policy files on disk: load, validate with line numbers, merge per model, version, hot-reload.
+
+Operators edit ``ScalingPolicy`` YAML files (``controller.core.spec``); this module turns them into
+one ``EffectivePolicy`` per model. It exists apart from the pure core because it reads files, and
+because the rules about *files* live here:
+
+* every problem is a ``PolicyError(file, line, path, message)``: ``path`` is the dotted field path
+  (``spec.rules[0].params.target``) and ``line`` comes from the YAML node marks, so
+  ``tidegate policy validate`` prints ``FILE:LINE: PATH: message`` like a compiler;
+* several documents may configure one model (a team's rules, a platform-wide budget): rules are
+  unioned, bounds intersected, the budget is the strictest per field, and ``behavior``,
+  ``placement``, ``missing_data`` and ``slo`` come from the highest-``priority`` document that sets
+  them (a tie is an error, not a coin toss);
+* a model's ``version`` is a content hash of its documents (canonical YAML, so comments and key
+  order do not count), stored with every decision;
+* ``PolicyStore`` keeps the last good policy of each model in force when an edit breaks it, exposes
+  the errors for ``/v1/policies``, and leaves models whose files are fine alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Iterable, Mapping, NamedTuple, Sequence, Union
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from controller.core.policy import EffectivePolicy
+from controller.core.spec import API_VERSION, Bounds, Budget, PolicySpec, ScalingPolicy
+from policies.base import PolicyKind, Registry, UnknownPolicyKind
+
+__all__ = [
+    "LoadResult",
+    "PolicyError",
+    "PolicyStore",
+    "PolicyVersion",
+    "ReloadReport",
+    "expand_paths",
+    "json_schema",
+    "load_policy_files",
+    "parse_policy_text",
+    "validate_files",
+]
+
+POLICY_KIND = "ScalingPolicy"
+YAML_SUFFIXES = (".yaml", ".yml")
+PathLike = Union[str, "os.PathLike[str]"]
+Loc = tuple[Union[str, int], ...]
+
+# Sections taken whole from the highest-priority document that sets them.
+_PRIORITY_SECTIONS = ("slo", "behavior", "placement", "missing_data")
+
+
+# --------------------------------------------------------------------------------------------------
+# values
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyError:
+    """One problem in one file, as precisely located as the YAML allows."""
+
+    file: str
+    line: int | None
+    """1-based line; ``None`` when the file could not be read at all."""
+    path: str
+    """Dotted field path (``spec.bounds``, ``spec.rules[1].params.target``); empty for the file."""
+    message: str
+    model: str | None = None
+    """The model the problem affects, when it can be told."""
+
+    def __str__(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "path": self.path, "message": self.message,
+                "model": self.model}
+
+
+@dataclass(frozen=True)
+class PolicyDocument:
+    """One valid ``ScalingPolicy`` document, with its rules built."""
+
+    file: str
+    index: int
+    """Position of the document in its file (multi-document YAML)."""
+    line: int
+    policy: ScalingPolicy
+    rules: tuple[PolicyKind, ...]
+    canonical: str
+    """The document as canonical YAML (sorted keys, no comments): what the version hashes."""
+    lines: Mapping[Loc, int]
+
+    @property
+    def model(self) -> str:
+        return self.policy.spec.model
+
+    def line_of(self, *loc: str | int) -> int:
+        return _line_for(self.lines, loc, self.line)
+
+
+@dataclass(frozen=True)
+class FileResult:
+    """What one file yielded: valid documents, errors, and which models it concerns."""
+
+    file: str
+    sha256: str
+    documents: tuple[PolicyDocument, ...]
+    errors: tuple[PolicyError, ...]
+    models: frozenset[str]
+    """Every model a document of this file names (valid or not)."""
+    error_models: frozenset[str]
+    """Models with an error in this file: they get no new policy from this load."""
+    opaque: bool
+    """Some error could not be tied to a model (unreadable file, YAML syntax error, a document
+    without a readable ``spec.model``): every model this file fed before is suspect."""
+
+
+class PolicyVersion(NamedTuple):
+    """A policy version that was put in force, for the decision log's ``policy_versions`` table
+    (a tuple: ``model, version, sources, canonical_yaml = v`` works)."""
+
+    model: str
+    version: str
+    sources: tuple[str, ...]
+    canonical_yaml: str
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """The outcome of loading a set of files: a policy per model that is fully valid, and every
+    error found."""
+
+    policies: Mapping[str, EffectivePolicy]
+    canonical: Mapping[str, str]
+    """Per model: the canonical YAML text its version hashes."""
+    errors: tuple[PolicyError, ...]
+    files: tuple[FileResult, ...]
+    failed_models: frozenset[str]
+    """Models named by some document but given no policy because of an error."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def opaque_files(self) -> frozenset[str]:
+        return frozenset(f.file for f in self.files if f.opaque)
+
+
+# --------------------------------------------------------------------------------------------------
+# YAML with line numbers
+
+
+def _line_map(node: yaml.Node) -> tuple[dict[Loc, int], list[tuple[Loc, int, int]]]:
+    """Field path -> 1-based line of its key (or sequence item), plus duplicate keys found as
+    ``(path, line, first_line)`` (PyYAML would silently keep the last one)."""
+    lines: dict[Loc, int] = {(): node.start_mark.line + 1}
+    dups: list[tuple[Loc, int, int]] = []
+
+    def walk(n: yaml.Node, path: Loc) -> None:
+        if isinstance(n, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for k, v in n.value:
+                if not isinstance(k, yaml.ScalarNode):
+                    continue
+                key = str(k.value)
+                p = path + (key,)
+                line = k.start_mark.line + 1
+                if key in seen:
+                    dups.append((p, line, seen[key]))
+                    continue
+                seen[key] = line
+                lines[p] = line
+                walk(v, p)
+        elif isinstance(n, yaml.SequenceNode):
+            for i, item in enumerate(n.value):
+                p = path + (i,)
+                lines[p] = item.start_mark.line + 1
+                walk(item, p)
+
+    walk(node, ())
+    return lines, dups
+
+
+def _line_for(lines: Mapping[Loc, int], loc: Sequence[str | int], default: int) -> int:
+    """The line of ``loc``, or of its nearest ancestor present in the file (a missing key is
+    reported at its parent)."""
+    loc = tuple(loc)
+    while loc:
+        if loc in lines:
+            return lines[loc]
+        loc = loc[:-1]
+    return lines.get((), default)
+
+
+def format_path(loc: Sequence[str | int]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _model_at(root: type[BaseModel], loc: Sequence[str | int]) -> type[BaseModel] | None:
+    """The pydantic model class found at ``loc`` under ``root`` (to list allowed keys)."""
+    tp: Any = root
+    for part in loc:
+        tp = _unwrap(tp, part)
+        if tp is None:
+            return None
+    tp = _unwrap(tp, None)
+    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
+
+
+def _unwrap(tp: Any, part: str | int | None) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _unwrap(typing.get_args(tp)[0], part)
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            if arg is not type(None):
+                found = _unwrap(arg, part)
+                if found is not None:
+                    return found
+        return None
+    if part is None:
+        return tp
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        f = tp.model_fields.get(str(part))
+        return None if f is None else f.annotation
+    if origin in (tuple, list, set, frozenset) and isinstance(part, int):
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        return args[0] if args else None
+    if origin is dict:
+        return typing.get_args(tp)[1]
+    return None
+
+
+def _pydantic_errors(exc: ValidationError, root: type[BaseModel], file: str,
+                     lines: Mapping[Loc, int], prefix: Loc, doc_line: int,
+                     model: str | None, what: str = "") -> list[PolicyError]:
+    """Translate pydantic errors into ``PolicyError``s with paths, lines and clear messages."""
+    out = []
+    raw = exc.errors(include_url=False)
+    locs = [tuple(err["loc"]) for err in raw]
+    for err in raw:
+        loc: Loc = tuple(err["loc"])
+        kind = err["type"]
+        if kind == "too_short" and any(len(o) > len(loc) and o[: len(loc)] == loc for o in locs):
+            # A list whose items failed also reports "too short" (the failed items do not count):
+            # the item errors say what is wrong.
+            continue
+        if kind == "extra_forbidden":
+            owner = _model_at(root, loc[:-1])
+            allowed = f"; allowed: {', '.join(owner.model_fields)}" if owner else ""
+            message = f"unknown key {loc[-1]!r} (extra fields not permitted{allowed})"
+        elif kind == "missing":
+            message = f"required key {loc[-1]!r} is missing"
+        elif kind in ("value_error", "assertion_error"):
+            message = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        else:
+            value = err.get("input")
+            shown = "" if isinstance(value, (dict, list)) else f" (got {_short(value)})"
+            message = f"{err['msg']}{shown}"
+        full = prefix + loc
+        out.append(PolicyError(file, _line_for(lines, full, doc_line), format_path(full),
+                               what + message, model))
+    return out
+
+
+def _canonical(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=True, default_flow_style=False, allow_unicode=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# parsing one file
+
+
+def parse_policy_text(file: str, text: str, registry: Registry,
+                      known_models: set[str] | frozenset[str] | None = None) -> FileResult:
+    """Parse and validate one file's text (every document in it). Pure: no file access."""
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    docs: list[PolicyDocument] = []
+    errors: list[PolicyError] = []
+    models: set[str] = set()
+    error_models: set[str] = set()
+    opaque = False
+    loader = yaml.SafeLoader(text)
+    index = 0
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:  # pragma: no cover - check_node said there is one
+                break
+            doc, doc_errors, model = _parse_document(file, index, node, loader, registry, known_models)
+            index += 1
+            if model is not None:
+                models.add(model)
+            if doc is not None:
+                docs.append(doc)
+            if doc_errors:
+                errors.extend(doc_errors)
+                if model is None:
+                    opaque = True
+                else:
+                    error_models.add(model)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        problem = getattr(e, "problem", None) or str(e)
+        context = getattr(e, "context", None)
+        detail = f"{context}, {problem}" if context else str(problem)
+        errors.append(PolicyError(file, None if mark is None else mark.line + 1, "",
+                                  f"YAML syntax error: {detail}"))
+        opaque = True
+    finally:
+        loader.dispose()
+    if index == 0 and not errors:
+        errors.append(PolicyError(file, 1, "", "the file holds no YAML document"))
+        opaque = True
+    return FileResult(file, sha, tuple(docs), tuple(errors), frozenset(models),
+                      frozenset(error_models), opaque)
+
+
+def _parse_document(file: str, index: int, node: yaml.Node, loader: yaml.SafeLoader,
+                    registry: Registry, known_models: set[str] | frozenset[str] | None,
+                    ) -> tuple[PolicyDocument | None, list[PolicyError], str | None]:
+    lines, dups = _line_map(node)
+    doc_line = lines[()]
+    data = loader.construct_document(node)
+    errors: list[PolicyError] = []
+    spec_raw = data.get("spec") if isinstance(data, dict) else None
+    model_raw = spec_raw.get("model") if isinstance(spec_raw, dict) else None
+    model = model_raw if isinstance(model_raw, str) else None
+
+    for path, line, first in dups:
+        earlier = "earlier on the same line" if first == line else f"first at line {first}"
+        errors.append(PolicyError(file, line, format_path(path),
+                                  f"duplicate key {path[-1]!r} ({earlier})", model))
+    if data is None:
+        # An empty document (e.g. a trailing '---'): nothing to load, nothing wrong.
+        return None, errors, model
+    if not isinstance(data, dict):
+        errors.append(PolicyError(file, doc_line, "", f"a policy document must be a mapping "
+                                  f"(got {type(data).__name__})"))
+        return None, errors, None
+
+    api, kind = data.get("apiVersion"), data.get("kind")
+    if api != API_VERSION:
+        got = "it is missing" if api is None else f"got {_short(api)}"
+        errors.append(PolicyError(file, _line_for(lines, ("apiVersion",), doc_line), "apiVersion",
+                                  f"apiVersion must be {API_VERSION!r} ({got})", model))
+    if kind != POLICY_KIND:
+        got = "it is missing" if kind is None else f"got {_short(kind)}"
+        errors.append(PolicyError(file, _line_for(lines, ("kind",), doc_line), "kind",
+                                  f"kind must be {POLICY_KIND!r} ({got})", model))
+    if api != API_VERSION or kind != POLICY_KIND:
+        # Not a policy document (or not one we understand): checking its fields would only add
+        # noise about a schema the author did not mean.
+        return None, errors, model
+
+    policy: ScalingPolicy | None = None
+    try:
+        policy = ScalingPolicy.model_validate(data)
+    except ValidationError as e:
+        errors.extend(_pydantic_errors(e, ScalingPolicy, file, lines, (), doc_line, model))
+
+    # Rule params are validated against their kind even when other fields failed, so that one
+    # run of `tidegate policy validate` shows every problem.
+    rules: list[PolicyKind] = []
+    raw_rules = spec_raw.get("rules") if isinstance(spec_raw, dict) else None
+    if isinstance(raw_rules, list):
+        for i, raw in enumerate(raw_rules):
+            if not isinstance(raw, dict) or not isinstance(raw.get("kind"), str):
+                continue  # the ScalingPolicy errors above already say what is wrong
+            params = raw.get("params", {})
+            if params is None:
+                params = {}
+            if not isinstance(params, dict):
+                continue
+            rule_name = raw.get("name") if isinstance(raw.get("name"), str) else None
+            loc: Loc = ("spec", "rules", i)
+            try:
+                kind_cls = registry.get(raw["kind"])
+            except UnknownPolicyKind as e:
+                errors.append(PolicyError(file, _line_for(lines, loc + ("kind",), doc_line),
+                                          format_path(loc + ("kind",)), str(e), model))
+                continue
+            try:
+                rules.append(kind_cls(kind_cls.Params.model_validate(params), rule_name))
+            except ValidationError as e:
+                errors.extend(_pydantic_errors(
+                    e, kind_cls.Params, file, lines, loc + ("params",), doc_line, model,
+                    what=f"invalid params for kind {kind_cls.name!r}: "))
+
+    if known_models is not None and model is not None and model not in known_models:
+        known = ", ".join(sorted(known_models)) or "none configured"
+        errors.append(PolicyError(file, _line_for(lines, ("spec", "model"), doc_line), "spec.model",
+                                  f"unknown model {model!r} (known: {known})", model))
+
+    if errors or policy is None:
+        return None, errors, model
+    doc = PolicyDocument(file, index, doc_line, policy, tuple(rules), _canonical(data), lines)
+    return doc, errors, model
+
+
+# --------------------------------------------------------------------------------------------------
+# assembling files into per-model policies
+
+
+def expand_paths(paths: PathLike | Iterable[PathLike]) -> list[str]:
+    """Files to read: each file as given, each directory's ``*.yaml``/``*.yml`` (not recursive),
+    in name order."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    out: list[str] = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            out.extend(str(c) for c in sorted(path.iterdir())
+                       if c.suffix in YAML_SUFFIXES and c.is_file())
+        else:
+            out.append(str(path))
+    return list(dict.fromkeys(out))
+
+
+def _read_file(file: str, registry: Registry,
+               known_models: set[str] | frozenset[str] | None) -> FileResult:
+    try:
+        text = Path(file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        return FileResult(file, "", (), (PolicyError(file, None, "", f"cannot read the file: {why}"),),
+                          frozenset(), frozenset(), True)
+    return parse_policy_text(file, text, registry, known_models)
+
+
+def load_policy_files(paths: PathLike | Iterable[PathLike], registry: Registry,
+                      known_models: set[str] | frozenset[str] | None = None) -> LoadResult:
+    """Read, validate and merge policy files (directories expand to their YAML files)."""
+    return _assemble([_read_file(f, registry, known_models) for f in expand_paths(paths)])
+
+
+def _sort_key(doc: PolicyDocument) -> tuple[str, str, int]:
+    return (os.path.basename(doc.file), doc.file, doc.index)
+
+
+def _assemble(files: Sequence[FileResult]) -> LoadResult:
+    errors: list[PolicyError] = [e for f in files for e in f.errors]
+    failed: set[str] = set().union(*(f.error_models for f in files)) if files else set()
+
+    # metadata.name is unique across every file: the first (in file name order) keeps it.
+    names: dict[str, PolicyDocument] = {}
+    docs = sorted((d for f in files for d in f.documents), key=_sort_key)
+    for d in docs:
+        name = d.policy.metadata.name
+        first = names.get(name)
+        if first is None:
+            names[name] = d
+            continue
+        errors.append(PolicyError(
+            d.file, d.line_of("metadata", "name"), "metadata.name",
+            f"metadata.name {name!r} is already used by {first.file}:{first.line_of('metadata', 'name')}",
+            d.model))
+        failed.add(d.model)
+
+    by_model: dict[str, list[PolicyDocument]] = {}
+    for d in docs:
+        by_model.setdefault(d.model, []).append(d)
+    policies: dict[str, EffectivePolicy] = {}
+    canonical: dict[str, str] = {}
+    for model, model_docs in by_model.items():
+        if model in failed:
+            continue
+        merged, merge_errors = _merge(model, model_docs)
+        if merge_errors or merged is None:
+            errors.extend(merge_errors)
+            failed.add(model)
+            continue
+        policies[model], canonical[model] = merged
+    return LoadResult(policies, canonical, tuple(errors), tuple(files), frozenset(failed))
+
+
+def _where(d: PolicyDocument, *loc: str | int) -> str:
+    return f"{d.file}:{d.line_of(*loc)}"
+
+
+def _merge(model: str, docs: list[PolicyDocument],
+           ) -> tuple[tuple[EffectivePolicy, str] | None, list[PolicyError]]:
+    """Merge one model's documents (already in file-name order) into its effective policy."""
+    errors: list[PolicyError] = []
+
+    rules: list[PolicyKind] = []
+    rule_specs = []
+    seen_rules: dict[str, tuple[PolicyDocument, int]] = {}
+    for d in docs:
+        for i, (spec, built) in enumerate(zip(d.policy.spec.rules, d.rules)):
+            name = spec.name or spec.kind
+            if name in seen_rules:
+                od, oi = seen_rules[name]
+                field_name = "name" if spec.name else "kind"
+                errors.append(PolicyError(
+                    d.file, d.line_of("spec", "rules", i, field_name), f"spec.rules[{i}].{field_name}",
+                    f"rule name {name!r} is already defined in {_where(od, 'spec', 'rules', oi)} for "
+                    f"model {model!r}; rule names must be unique across a model's files "
+                    "(set a distinct 'name')", model))
+                continue
+            seen_rules[name] = (d, i)
+            rules.append(built)
+            rule_specs.append(spec)
+
+    # Bounds: intersect, counting only the fields each document sets (defaults do not narrow).
+    min_from: PolicyDocument | None = None
+    max_from: PolicyDocument | None = None
+    min_r, max_r = Bounds().min_replicas, Bounds().max_replicas
+    for d in docs:
+        b = d.policy.spec.bounds
+        if "bounds" not in d.policy.spec.model_fields_set:
+            continue
+        if "min_replicas" in b.model_fields_set and (min_from is None or b.min_replicas > min_r):
+            min_r, min_from = b.min_replicas, d
+        if "max_replicas" in b.model_fields_set and (max_from is None or b.max_replicas < max_r):
+            max_r, max_from = b.max_replicas, d
+    if min_r > max_r:
+        culprit = max(
+            (x for x in (min_from, max_from) if x is not None), key=_sort_key)
+        min_where = _where(min_from, "spec", "bounds", "min_replicas") if min_from else "the default"
+        max_where = _where(max_from, "spec", "bounds", "max_replicas") if max_from else "the default"
+        errors.append(PolicyError(
+            culprit.file, culprit.line_of("spec", "bounds"), "spec.bounds",
+            f"the bounds of model {model!r} do not intersect: min_replicas ({min_r}, from {min_where}) "
+            f"is greater than max_replicas ({max_r}, from {max_where})", model))
+
+    # Budget: the strictest ceiling per field.
+    budget_values: dict[str, float] = {}
+    for d in docs:
+        for fname, value in d.policy.spec.budget.model_dump().items():
+            if value is not None:
+                budget_values[fname] = min(value, budget_values.get(fname, value))
+
+    # Whole sections from the highest-priority document that sets them.
+    sections: dict[str, Any] = {}
+    for section in _PRIORITY_SECTIONS:
+        setters = [d for d in docs if section in d.policy.spec.model_fields_set]
+        if not setters:
+            continue
+        top = max(d.policy.spec.priority for d in setters)
+        winners = [d for d in setters if d.policy.spec.priority == top]
+        if len(winners) > 1:
+            a, b = winners[0], winners[1]
+            errors.append(PolicyError(
+                b.file, b.line_of("spec", section), f"spec.{section}",
+                f"spec.{section} for model {model!r} is set by both {_where(a, 'spec', section)} and "
+                f"{_where(b, 'spec', section)} at priority {top}; give one of them a higher "
+                "spec.priority or remove one", model))
+            continue
+        sections[section] = getattr(winners[0].policy.spec, section)
+
+    if errors:
+        return None, errors
+
+    if len(docs) == 1:
+        spec = docs[0].policy.spec
+    else:
+        spec = PolicySpec(
+            model=model,
+            priority=max(d.policy.spec.priority for d in docs),
+            bounds=Bounds(min_replicas=min_r, max_replicas=max_r),
+            rules=tuple(rule_specs),
+            budget=Budget(**budget_values),
+            **sections,
+        )
+    text = "".join(
+        f"---\n# source: {os.path.basename(d.file)} document {d.index}\n{d.canonical}" for d in docs
+    )
+    version = hashlib.sha256(text.encode()).hexdigest()[:16]
+    sources = tuple(dict.fromkeys(d.file for d in docs))
+    return (EffectivePolicy(model, spec, tuple(rules), version, sources), text), []
+
+
+# --------------------------------------------------------------------------------------------------
+# the store: last good version per model, hot reload
+
+
+@dataclass(frozen=True)
+class ReloadReport:
+    """What one ``PolicyStore.reload`` did."""
+
+    changed: bool
+    """False when no file changed since the last reload (nothing was re-parsed)."""
+    new_versions: tuple[PolicyVersion, ...] = ()
+    """Versions put in force by this reload: the daemon records each with its hash."""
+    removed: tuple[str, ...] = ()
+    """Models whose every policy document is gone: no policy is in force for them any more."""
+    kept_previous: tuple[str, ...] = ()
+    """Models with errors whose previous good version stays in force."""
+    errors: tuple[PolicyError, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+@dataclass
+class _State:
+    policies: dict[str, EffectivePolicy] = field(default_factory=dict)
+    errors: tuple[PolicyError, ...] = ()
+    files: dict[str, FileResult] = field(default_factory=dict)
+    kept_previous: frozenset[str] = frozenset()
+    failed: frozenset[str] = frozenset()
+
+
+class PolicyStore:
+    """The policies in force, per model, with hot reload that never makes things worse.
+
+    ``reload`` is cheap when nothing changed: files are read and hashed (they are small), and
+    parsed only when their hash changed. (Not ``stat``-based: a rewrite within the file system's
+    timestamp granularity would go unseen.) A model with any error,
+    or fed before by a file that can no longer be read or parsed, keeps its previous good version.
+    Thread-safe: the reload job and the API may call it concurrently.
+    """
+
+    def __init__(self, registry: Registry, known_models: set[str] | frozenset[str] | None = None) -> None:
+        self._registry = registry
+        self._known = None if known_models is None else frozenset(known_models)
+        self._lock = threading.Lock()
+        self._cache: dict[str, FileResult] = {}
+        self._state = _State()
+        self._fingerprint: tuple[tuple[str, str], ...] | None = None
+        self._versions: list[PolicyVersion] = []
+        self._seen: set[tuple[str, str]] = set()
+
+    # --- reading ---
+
+    def policies(self) -> dict[str, EffectivePolicy]:
+        with self._lock:
+            return dict(self._state.policies)
+
+    def get(self, model: str) -> EffectivePolicy | None:
+        with self._lock:
+            return self._state.policies.get(model)
+
+    def errors(self) -> list[PolicyError]:
+        with self._lock:
+            return list(self._state.errors)
+
+    def versions_seen(self) -> list[PolicyVersion]:
+        """Every version put in force since the store was created, oldest first."""
+        with self._lock:
+            return list(self._versions)
+
+    def status(self) -> dict[str, Any]:
+        """JSON-able view for ``/v1/policies``: per model the version in force, its sources and
+        rules (and whether it is a kept previous version); per file ok or its errors."""
+        with self._lock:
+            st = self._state
+            def model_errors(model: str, sources: tuple[str, ...]) -> list[dict[str, Any]]:
+                # Its own errors, and those of its files that could not be tied to a model
+                # (a YAML syntax error in a file it came from).
+                return [e.to_dict() for e in st.errors
+                        if e.model == model or (e.model is None and e.file in sources)]
+
+            models: dict[str, Any] = {
+                m: {
+                    "version": p.version,
+                    "sources": list(p.sources),
+                    "rules": [{"name": r.rule, "kind": r.name} for r in p.rules],
+                    "kept_previous": m in st.kept_previous,
+                    "errors": model_errors(m, p.sources),
+                }
+                for m, p in sorted(st.policies.items())
+            }
+            for m in sorted(st.failed - set(st.policies)):
+                # Never had a good version: nothing in force, only errors.
+                models[m] = {"version": None, "sources": [], "rules": [], "kept_previous": False,
+                             "errors": model_errors(m, ())}
+            by_file: dict[str, list[dict[str, Any]]] = {}
+            for e in st.errors:
+                by_file.setdefault(e.file, []).append(
+                    {"line": e.line, "path": e.path, "message": e.message, "model": e.model})
+            files = {
+                name: {
+                    "ok": name not in by_file,
+                    "sha256": fr.sha256,
+                    "models": sorted(fr.models),
+                    "errors": by_file.get(name, []),
+                }
+                for name, fr in sorted(st.files.items())
+            }
+            for name, errs in by_file.items():  # errors for paths that are not files (a bad dir)
+                files.setdefault(name, {"ok": False, "sha256": "", "models": [], "errors": errs})
+            return {
+                "ok": not st.errors,
+                "models": models,
+                "files": files,
+                "errors": [e.to_dict() for e in st.errors],
+            }
+
+    # --- reloading ---
+
+    def _file_result(self, file: str) -> FileResult:
+        try:
+            text = Path(file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            self._cache.pop(file, None)
+            return _read_file(file, self._registry, self._known)  # the same error, as a result
+        cached = self._cache.get(file)
+        if cached is not None and cached.sha256 == hashlib.sha256(text.encode()).hexdigest():
+            return cached
+        result = parse_policy_text(file, text, self._registry, self._known)
+        self._cache[file] = result
+        return result
+
+    def reload(self, paths: PathLike | Iterable[PathLike]) -> ReloadReport:
+        """Re-read the files (a directory means its ``*.yaml``/``*.yml``) and update the
+        policies in force; see the class docstring for what is kept on errors."""
+        with self._lock:
+            source_errors: list[PolicyError] = []
+            if isinstance(paths, (str, os.PathLike)) and not Path(paths).exists():
+                source_errors.append(PolicyError(str(paths), None, "", "no such file or directory"))
+                file_list: list[str] = []
+            else:
+                file_list = expand_paths(paths)
+            results = [self._file_result(f) for f in file_list]
+            for f in list(self._cache):
+                if f not in file_list:
+                    del self._cache[f]
+            fingerprint = tuple((r.file, r.sha256 or str(r.errors[0])) for r in results)
+            fingerprint += tuple((e.file, e.message) for e in source_errors)
+            if fingerprint == self._fingerprint:
+                return ReloadReport(changed=False, kept_previous=tuple(sorted(self._state.kept_previous)),
+                                    errors=self._state.errors)
+            self._fingerprint = fingerprint
+            return self._apply(_assemble(results), source_errors)
+
+    def _apply(self, result: LoadResult, source_errors: list[PolicyError]) -> ReloadReport:
+        prev = self._state
+        opaque = {r.file for r in result.files if r.opaque}
+        # Models fed before by a file that now cannot be read or parsed: their documents may be
+        # in it, so the new set of documents may be incomplete.
+        suspect = {m for m, p in prev.policies.items() if opaque.intersection(p.sources)}
+        if source_errors:
+            suspect |= set(prev.policies)  # the whole directory vanished: keep everything
+        failed = set(result.failed_models) | suspect
+
+        policies: dict[str, EffectivePolicy] = {}
+        new_versions: list[PolicyVersion] = []
+        kept: set[str] = set()
+        for model, pol in result.policies.items():
+            if model in failed:
+                continue
+            policies[model] = pol
+            old = prev.policies.get(model)
+            if old is None or old.version != pol.version or old.sources != pol.sources:
+                v = PolicyVersion(model, pol.version, pol.sources, result.canonical[model])
+                new_versions.append(v)
+                if (model, pol.version) not in self._seen:
+                    self._seen.add((model, pol.version))
+                    self._versions.append(v)
+        for model in failed:
+            if model in prev.policies:
+                policies[model] = prev.policies[model]
+                kept.add(model)
+        removed = sorted(m for m in prev.policies if m not in policies)
+
+        errors = tuple(source_errors) + result.errors
+        self._state = _State(
+            policies=policies,
+            errors=errors,
+            files={r.file: r for r in result.files},
+            kept_previous=frozenset(kept),
+            failed=frozenset(failed),
+        )
+        return ReloadReport(True, tuple(new_versions), tuple(removed), tuple(sorted(kept)), errors)
+
+
+# --------------------------------------------------------------------------------------------------
+# schema and the `tidegate policy` commands
+
+
+def json_schema(registry: Registry) -> dict[str, Any]:
+    """JSON Schema of a ScalingPolicy document, with each registered kind's ``Params`` schema
+    under ``$defs`` keyed by kind name, and ``rules[].params`` tied to ``rules[].kind``
+    (so editors complete and check params per kind)."""
+    schema = ScalingPolicy.model_json_schema()
+    defs: dict[str, Any] = schema.setdefault("$defs", {})
+    conditions = []
+    for kind in registry.names():
+        cls = registry.get(kind)
+        sub = cls.Params.model_json_schema(ref_template=f"#/$defs/{kind}.{{model}}")
+        for name, d in sub.pop("$defs", {}).items():
+            defs[f"{kind}.{name}"] = d
+        sub.setdefault("description", cls.description or cls.__doc__ or "")
+        defs[kind] = sub
+        conditions.append({
+            "if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
+            "then": {"properties": {"params": {"$ref": f"#/$defs/{kind}"}}},
+        })
+    rule = defs.get("RuleSpec")
+    if rule is not None and conditions:
+        rule["allOf"] = conditions
+        rule["properties"]["kind"]["enum"] = registry.names()
+    return schema
+
+
+def validate_files(paths: PathLike | Iterable[PathLike], registry: Registry, out: IO[str],
+                   known_models: set[str] | frozenset[str] | None = None) -> int:
+    """``tidegate policy validate FILE...``: print ``FILE:LINE: PATH: message`` per problem and a
+    summary; 0 when everything is valid, else 1."""
+    files = expand_paths(paths)
+    result = load_policy_files(files, registry, known_models)
+    for e in sorted(result.errors, key=lambda e: (e.file, e.line or 0, e.path)):
+        print(str(e), file=out)
+    n_docs = sum(len(f.documents) for f in result.files)
+    if result.ok:
+        models = ", ".join(f"{m} ({p.version})" for m, p in sorted(result.policies.items()))
+        print(f"OK: {len(files)} file(s), {n_docs} document(s) valid; models: {models or 'none'}",
+              file=out)
+        return 0
+    bad_files = len({e.file for e in result.errors})
+    print(f"FAILED: {len(result.errors)} error(s) in {bad_files} of {len(files)} file(s)", file=out)
+    return 1

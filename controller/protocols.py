@@ -1,0 +1,84 @@
+"""The small protocols every provider implements: the only doors between the daemon and the world.
+
+The simulated providers (``providers.sim``) implement them now; the real adapters (Prometheus,
+Triton, Kubernetes scale subresource per pool Deployment, AWS Auto Scaling desired capacity, GCP
+managed instance group resize) implement the same protocols, and one contract suite runs against
+both so the fakes cannot drift.
+
+Errors: providers raise ``ProviderError`` subclasses only (``TransientProviderError`` is retried
+with backoff, ``PermanentProviderError`` is surfaced and not retried), always chaining the library
+error (``raise ... from e``). A metric that cannot be read is not an error: it is a ``Sample`` with
+``value=None`` and a reason.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+from controller.core.model import Action, ModelSignals, ModelSpec, PoolSpec, PoolState
+
+
+class ProviderError(Exception):
+    """Base of every error a provider raises."""
+
+    retryable: bool = False
+
+
+class TransientProviderError(ProviderError):
+    """Throttling, 5xx, timeouts, 409 conflicts: try again (with backoff and jitter)."""
+
+    retryable = True
+
+
+class PermanentProviderError(ProviderError):
+    """Bad configuration, 404 for a configured object, permission denied: surface, do not retry."""
+
+    retryable = False
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """The daemon's sense of time. The real one reads the system clock; the demo's runs faster;
+    tests drive a manual one."""
+
+    def now(self) -> datetime:
+        """Timezone-aware UTC now."""
+        ...
+
+
+@runtime_checkable
+class MetricsSource(Protocol):
+    """Reads load signals for every model at once (one query per signal kind per tick)."""
+
+    def observe(self, models: Sequence[ModelSpec], now: datetime) -> Mapping[str, ModelSignals]:
+        """Signals per model name. ``pools`` in the returned signals may be empty: the capacity
+        providers fill them in. Must not raise for missing data (return missing ``Sample``s)."""
+        ...
+
+
+@runtime_checkable
+class PoolProvider(Protocol):
+    """Capacity and actuation for one pool: a Deployment per model plus, for cloud pools, a node
+    group. ``scale`` is declarative and idempotent: the same call twice changes nothing the second
+    time. Scale-out of a cloud pool orders nodes first, then replicas; scale-in removes replicas
+    first, then releases nodes."""
+
+    pool: PoolSpec
+
+    def state(self, model: ModelSpec, now: datetime) -> PoolState:
+        """Current desired/ready replicas, nodes, availability and interruption notices."""
+        ...
+
+    def scale(self, model: ModelSpec, replicas: int, nodes: int, now: datetime) -> Sequence[Action]:
+        """Make the pool hold ``replicas`` replicas of ``model`` on ``nodes`` nodes (the nodes the
+        pool needs for all models it serves). Returns one ``Action`` per provider call made."""
+        ...
+
+
+@runtime_checkable
+class PriceSource(Protocol):
+    """Live prices per node-hour (spot); pools without a live price use their static price."""
+
+    def prices(self, pools: Sequence[PoolSpec], now: datetime) -> Mapping[str, float]:
+        ...

@@ -1,0 +1,279 @@
+"""Workloads for the simulator: real request traces and rate series, and their rescaling.
+
+Two shapes of traffic, both read where they lie (``../shared/data``, never copied):
+
+- A *request trace* in the Azure LLM inference format (``TIMESTAMP,ContextTokens,GeneratedTokens``,
+  Patel et al., Splitwise, ISCA'24): every request with its arrival time and token counts, replayed
+  request by request.
+- A *rate series* (requests per minute, e.g. the Azure Functions series cleaned for SpotHedge):
+  only counts per bin. Requests are drawn from it (Poisson arrivals, uniform within each bin) with
+  prompt and output token counts drawn *jointly* from a request trace's empirical distribution, so
+  a long diurnal curve gets realistic LLM requests. Everything random is seeded.
+
+Both rescale: ``time_scale`` compresses or stretches time (0.5: the same requests in half the time,
+twice the rate) and ``load_scale`` multiplies the load (a request trace is thinned, or each request
+gets extra copies with fresh tokens and a sub-second jitter; a rate series is multiplied). The CLI's
+``--peak-replicas N`` picks the load factor so that the busiest minute needs N replicas.
+
+Times are float seconds from the start of the workload (``t_s``); nothing here knows a wall clock.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TokenDistribution:
+    """Empirical joint distribution of (prompt, output) token counts, sampled with replacement."""
+
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+    def __post_init__(self) -> None:
+        if len(self.prompt_tokens) == 0 or len(self.prompt_tokens) != len(self.output_tokens):
+            raise ValueError("a token distribution needs at least one (prompt, output) pair")
+
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` (prompt, output) pairs drawn jointly (so long prompts keep their own outputs)."""
+        idx = rng.integers(0, len(self.prompt_tokens), size=n)
+        return self.prompt_tokens[idx], self.output_tokens[idx]
+
+    @property
+    def mean_prompt(self) -> float:
+        return float(self.prompt_tokens.mean())
+
+    @property
+    def mean_output(self) -> float:
+        return float(self.output_tokens.mean())
+
+    def quantile_grid(self, points: int = 64) -> tuple[np.ndarray, np.ndarray]:
+        """(prompt, output) pairs at ``points`` equally weighted quantiles of the prompt length,
+        each with the mean output of requests in that slice: what the fluid model integrates over
+        instead of individual requests."""
+        order = np.argsort(self.prompt_tokens, kind="stable")
+        p = self.prompt_tokens[order].astype(np.float64)
+        o = self.output_tokens[order].astype(np.float64)
+        edges = np.linspace(0, len(p), points + 1).astype(int)
+        pp = np.empty(points)
+        oo = np.empty(points)
+        for i in range(points):
+            a, b = edges[i], max(edges[i + 1], edges[i] + 1)
+            pp[i] = p[a:b].mean()
+            oo[i] = o[a:b].mean()
+        return pp, oo
+
+
+@dataclass(frozen=True)
+class RequestTrace:
+    """Requests with arrival times (seconds from the start, sorted) and token counts."""
+
+    name: str
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.arrival_s)
+        if not (len(self.prompt_tokens) == n == len(self.output_tokens)):
+            raise ValueError("arrival_s, prompt_tokens and output_tokens must have the same length")
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.arrival_s[-1]) if len(self) else 0.0
+
+    def tokens(self) -> TokenDistribution:
+        return TokenDistribution(self.prompt_tokens, self.output_tokens)
+
+    def rate_per_s(self, bin_s: float, duration_s: float | None = None) -> np.ndarray:
+        """Arrivals per second in consecutive bins of ``bin_s`` seconds."""
+        end = self.duration_s if duration_s is None else duration_s
+        nbins = max(1, int(math.ceil((end + 1e-9) / bin_s)))
+        counts = np.bincount(np.minimum((self.arrival_s / bin_s).astype(np.int64), nbins - 1),
+                             minlength=nbins)
+        return counts / bin_s
+
+    def time_scale(self, factor: float) -> "RequestTrace":
+        if factor <= 0:
+            raise ValueError(f"time scale must be > 0, got {factor}")
+        return RequestTrace(self.name, self.arrival_s * factor, self.prompt_tokens, self.output_tokens)
+
+    def load_scale(self, factor: float, rng: np.random.Generator, jitter_s: float = 1.0) -> "RequestTrace":
+        """Thin (``factor < 1``: keep each request with that probability) or multiply (each request
+        gets ``floor(factor)`` or ``ceil(factor)`` instances; the extra ones arrive within
+        ``jitter_s`` after the original with tokens drawn from the trace's own distribution)."""
+        if factor <= 0:
+            raise ValueError(f"load scale must be > 0, got {factor}")
+        n = len(self)
+        if factor < 1.0:
+            keep = rng.random(n) < factor
+            return RequestTrace(self.name, self.arrival_s[keep], self.prompt_tokens[keep], self.output_tokens[keep])
+        whole = int(math.floor(factor))
+        copies = np.full(n, whole, dtype=np.int64) + (rng.random(n) < factor - whole)
+        extra = copies - 1
+        src = np.repeat(np.arange(n), extra)
+        t = np.concatenate([self.arrival_s, self.arrival_s[src] + rng.random(len(src)) * jitter_s])
+        p_new, o_new = self.tokens().sample(len(src), rng)
+        p = np.concatenate([self.prompt_tokens, p_new])
+        o = np.concatenate([self.output_tokens, o_new])
+        order = np.argsort(t, kind="stable")
+        return RequestTrace(self.name, t[order], p[order], o[order])
+
+    def head(self, duration_s: float) -> "RequestTrace":
+        k = int(np.searchsorted(self.arrival_s, duration_s, side="left"))
+        return RequestTrace(self.name, self.arrival_s[:k], self.prompt_tokens[:k], self.output_tokens[:k])
+
+
+@dataclass(frozen=True)
+class RateSeries:
+    """Arrival rate in consecutive bins: ``rate_per_s[i]`` holds over ``[i*bin_s, (i+1)*bin_s)``."""
+
+    name: str
+    bin_s: float
+    rate_per_s: np.ndarray
+    tokens: TokenDistribution
+
+    @property
+    def duration_s(self) -> float:
+        return self.bin_s * len(self.rate_per_s)
+
+    @property
+    def expected_requests(self) -> float:
+        return float(self.rate_per_s.sum() * self.bin_s)
+
+    def rate_at(self, t_s: float) -> float:
+        i = int(t_s // self.bin_s)
+        if i < 0 or i >= len(self.rate_per_s):
+            return 0.0
+        return float(self.rate_per_s[i])
+
+    def time_scale(self, factor: float) -> "RateSeries":
+        if factor <= 0:
+            raise ValueError(f"time scale must be > 0, got {factor}")
+        return RateSeries(self.name, self.bin_s * factor, self.rate_per_s / factor, self.tokens)
+
+    def load_scale(self, factor: float) -> "RateSeries":
+        if factor <= 0:
+            raise ValueError(f"load scale must be > 0, got {factor}")
+        return RateSeries(self.name, self.bin_s, self.rate_per_s * factor, self.tokens)
+
+    def head(self, duration_s: float) -> "RateSeries":
+        k = max(1, int(math.ceil(duration_s / self.bin_s - 1e-9)))
+        return RateSeries(self.name, self.bin_s, self.rate_per_s[:k], self.tokens)
+
+    def to_requests(self, rng: np.random.Generator) -> RequestTrace:
+        """Poisson arrivals per bin, uniform within the bin, tokens drawn jointly (seeded)."""
+        counts = rng.poisson(self.rate_per_s * self.bin_s)
+        n = int(counts.sum())
+        bins = np.repeat(np.arange(len(counts)), counts)
+        t = (bins + rng.random(n)) * self.bin_s
+        t.sort(kind="stable")
+        p, o = self.tokens.sample(n, rng)
+        return RequestTrace(self.name, t, p, o)
+
+
+Workload = RequestTrace | RateSeries
+
+
+def read_azure_trace(path: str | Path, name: str | None = None) -> RequestTrace:
+    """Read ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Azure LLM inference trace 2023); arrival
+    times become seconds after the first request."""
+    path = Path(path)
+    stamps: list[str] = []
+    prompts: list[int] = []
+    outputs: list[int] = []
+    with path.open(newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None or [h.strip() for h in header[:3]] != ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]:
+            raise ValueError(f"{path}: expected header TIMESTAMP,ContextTokens,GeneratedTokens, got {header}")
+        for lineno, row in enumerate(reader, start=2):
+            if not row:
+                continue
+            try:
+                stamps.append(row[0].strip().replace(" ", "T"))
+                prompts.append(int(row[1]))
+                outputs.append(int(row[2]))
+            except (IndexError, ValueError) as e:
+                raise ValueError(f"{path}:{lineno}: cannot parse {row!r}: {e}") from e
+    if not stamps:
+        raise ValueError(f"{path}: no requests")
+    ts = np.array(stamps, dtype="datetime64[ns]")
+    t = (ts - ts.min()).astype(np.int64) / 1e9
+    order = np.argsort(t, kind="stable")
+    # Zero-token outputs still cost a prefill and yield one token in practice: count them as one.
+    out = np.maximum(np.array(outputs, dtype=np.int64), 1)
+    return RequestTrace(name or path.stem, t[order], np.array(prompts, dtype=np.int64)[order], out[order])
+
+
+def read_rate_series(path: str | Path, tokens: TokenDistribution, bin_s: float = 60.0,
+                     name: str | None = None) -> RateSeries:
+    """Read a two-column CSV (time index, requests in that bin), e.g. ``Time (min),Requests``; the
+    first column orders the bins, the bin width is ``bin_s`` seconds (60 for per-minute series)."""
+    path = Path(path)
+    idx: list[float] = []
+    counts: list[float] = []
+    with path.open(newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None or len(header) < 2:
+            raise ValueError(f"{path}: expected a header with two columns (time, requests), got {header}")
+        for lineno, row in enumerate(reader, start=2):
+            if not row:
+                continue
+            try:
+                idx.append(float(row[0]))
+                counts.append(float(row[1]))
+            except (IndexError, ValueError) as e:
+                raise ValueError(f"{path}:{lineno}: cannot parse {row!r}: {e}") from e
+    if not counts:
+        raise ValueError(f"{path}: no rows")
+    order = np.argsort(np.array(idx), kind="stable")
+    c = np.array(counts, dtype=np.float64)[order]
+    if (c < 0).any():
+        raise ValueError(f"{path}: negative request counts")
+    return RateSeries(name or path.stem, bin_s, c / bin_s, tokens)
+
+
+def peak_rate_per_s(workload: Workload, window_s: float = 60.0) -> float:
+    """Highest mean arrival rate over consecutive windows of ``window_s`` seconds."""
+    if isinstance(workload, RequestTrace):
+        if len(workload) == 0:
+            return 0.0
+        return float(workload.rate_per_s(window_s).max())
+    per = max(1, int(round(window_s / workload.bin_s)))
+    r = workload.rate_per_s
+    if per == 1:
+        return float(r.max())
+    k = len(r) // per
+    if k == 0:
+        return float(r.mean())
+    return float(r[: k * per].reshape(k, per).mean(axis=1).max())
+
+
+def rate_profile(workload: Workload, bin_s: float, duration_s: float) -> np.ndarray:
+    """Mean arrivals per second in consecutive bins of ``bin_s`` over ``[0, duration_s)`` (what the
+    oracle knows of the future)."""
+    nbins = max(1, int(math.ceil(duration_s / bin_s - 1e-9)))
+    if isinstance(workload, RequestTrace):
+        counts = np.bincount(np.minimum((workload.arrival_s / bin_s).astype(np.int64), nbins - 1), minlength=nbins)
+        return counts[:nbins] / bin_s
+    edges = np.arange(nbins) * bin_s
+    src = np.minimum((edges / workload.bin_s).astype(np.int64), len(workload.rate_per_s) - 1)
+    # averaging when bins are coarser than the series keeps the expected request count
+    if bin_s > workload.bin_s:
+        per = bin_s / workload.bin_s
+        cum = np.concatenate([[0.0], np.cumsum(workload.rate_per_s)])
+        lo = np.clip(edges / workload.bin_s, 0, len(workload.rate_per_s))
+        hi = np.clip((edges + bin_s) / workload.bin_s, 0, len(workload.rate_per_s))
+        lo_i, hi_i = lo.astype(np.int64), hi.astype(np.int64)
+        return (cum[hi_i] - cum[lo_i]) / per
+    return workload.rate_per_s[src]

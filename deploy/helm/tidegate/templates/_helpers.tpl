@@ -1,0 +1,72 @@
+{{/* Chart name, possibly overridden. */}}
+{{- define "tidegate.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Resource name prefix: release-chart, or the release alone when it already contains the chart name. */}}
+{{- define "tidegate.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "tidegate.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tidegate.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "tidegate.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "tidegate.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: controller
+{{- end }}
+
+{{- define "tidegate.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "tidegate.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding tokens and the database URL, or "" when there is none. */}}
+{{- define "tidegate.secretName" -}}
+{{- if .Values.secrets.existingSecret }}
+{{- .Values.secrets.existingSecret }}
+{{- else if .Values.secrets.create }}
+{{- include "tidegate.fullname" . }}
+{{- end }}
+{{- end }}
+
+{{- define "tidegate.leaseName" -}}
+{{- default (include "tidegate.fullname" .) .Values.leaderElection.leaseName }}
+{{- end }}
+
+{{/* Namespaces the daemon scales Deployments in, as a list. */}}
+{{- define "tidegate.managedNamespaces" -}}
+{{- $ns := .Values.rbac.managedNamespaces | default (list .Release.Namespace) }}
+{{- toJson (uniq $ns) }}
+{{- end }}
+
+{{/* The daemon config as the daemon reads it: the user's config plus what the chart owns. */}}
+{{- define "tidegate.config" -}}
+{{- $cfg := deepCopy .Values.config }}
+{{- $_ := set $cfg "apiVersion" "tidegate/v1" }}
+{{- $_ := set $cfg "kind" "DaemonConfig" }}
+{{- $_ := set $cfg "policies_dir" "/etc/tidegate/policies" }}
+{{- $api := deepCopy (default dict $cfg.api) }}
+{{- $_ := set $api "enabled" true }}
+{{- $_ := set $api "host" "0.0.0.0" }}
+{{- $_ := set $api "port" (int .Values.service.port) }}
+{{- $_ := set $cfg "api" $api }}
+{{- toYaml $cfg }}
+{{- end }}

@@ -1,0 +1,706 @@
+"""Kubernetes side of every pool: the per-model Deployment, the pool's nodes, capacity trouble and
+interruption notices, through the official ``kubernetes`` client.
+
+Why it exists: the placement the core decides becomes ``spec.replicas`` on one Deployment per model
+and pool, set through the scale subresource (what HPA and ``kubectl scale`` use, so RBAC can grant
+exactly that). What the pool can actually hold is read back from the cluster: desired, ready and
+unavailable replicas; the pool's nodes (by label selector) with their allocatable GPUs; pods that
+cannot be scheduled (a pool that leaves replicas Pending past a timeout is marked unavailable for a
+while, as Karpenter caches insufficient capacity); and nodes about to disappear, from the taints
+that the AWS node termination handler, GKE and the cloud controllers put on them, plus notices the
+cloud adapters hand in (SQS events, preempted instances), mapped to nodes by ``spec.providerID``.
+
+Safety: scaling is declarative and idempotent (read the scale, patch only on a difference, with
+the read ``resourceVersion`` so a concurrent writer causes a 409 instead of a lost update; a 409 is
+re-read and retried, never an error on its own). Errors are translated into the project's tree
+(``raise ... from e``): 409/429/5xx/network are transient, 404 on a configured Deployment is a
+permanent error naming the model and pool, so only that model stops.
+
+The API server filters lists by label selector; this module filters again on the client side with
+the same selector, so a server that ignores selectors (an emulator, an aggregated API) cannot make
+a pool count pods or nodes that are not its own.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from controller.core.model import Action, ActionStatus, ModelSpec, PoolSpec, PoolState
+from controller.protocols import PermanentProviderError, ProviderError, TransientProviderError
+from providers.cloudpool import (
+    ActionLog, Notice, NoticeKind, RetryPolicy, UnavailableMarks, retry_transient, unavailable_reason,
+)
+
+PROVIDER = "kubernetes"
+CALL_SCALE = "patch_namespaced_deployment_scale"
+
+INTERRUPTION_TAINTS: Mapping[str, NoticeKind] = MappingProxyType({
+    # aws-node-termination-handler (TAINT_NODE=true): spot interruption, ASG scale-in lifecycle
+    # hook, scheduled maintenance, and the softer rebalance recommendation.
+    "aws-node-termination-handler/spot-itn": NoticeKind.INTERRUPTION,
+    "aws-node-termination-handler/asg-lifecycle-termination": NoticeKind.INTERRUPTION,
+    "aws-node-termination-handler/scheduled-maintenance": NoticeKind.INTERRUPTION,
+    "aws-node-termination-handler/rebalance-recommendation": NoticeKind.REBALANCE,
+    # GKE (and GoogleCloudPlatform/k8s-node-termination-handler) before a spot/preemptible VM stops.
+    "cloud.google.com/impending-node-termination": NoticeKind.INTERRUPTION,
+    # The cloud controller manager once the instance is shut down, and the out-of-service taint an
+    # operator (or tooling) sets after a non-graceful shutdown: the node is gone already.
+    "node.cloudprovider.kubernetes.io/shutdown": NoticeKind.INTERRUPTION,
+    "node.kubernetes.io/out-of-service": NoticeKind.INTERRUPTION,
+})
+"""Node taint keys that announce the node's loss, and how strongly."""
+
+
+# --- settings ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    """How the Kubernetes side judges capacity trouble and talks to the API server."""
+
+    unschedulable_timeout_s: float = 120.0
+    """A replica Pending as unschedulable for longer than this (plus the pool's provisioning delay,
+    for pools whose nodes are still being ordered) marks the pool unavailable, seconds."""
+    unavailable_for_s: float = 180.0
+    """How long such a mark lasts before the pool is tried again, seconds (Karpenter caches
+    insufficient capacity for 3 minutes)."""
+    interruption_window_s: float = 3600.0
+    """``recent_interruptions`` counts distinct interruption notices seen within this window, s."""
+    gpu_resource: str = "nvidia.com/gpu"
+    """Extended resource name of the GPUs in node allocatable."""
+    request_timeout_s: float = 5.0
+    """Timeout of one API request, seconds."""
+    interruption_taints: Mapping[str, NoticeKind] = field(default_factory=lambda: dict(INTERRUPTION_TAINTS))
+    """Taint keys that announce a node's loss (default: ``INTERRUPTION_TAINTS``)."""
+    interruption_condition_types: tuple[str, ...] = ()
+    """Node condition types that, when ``True``, announce the node's loss (e.g. a
+    node-problem-detector plugin's ``TerminationScheduled``). None by default."""
+    retry: RetryPolicy = RetryPolicy()
+    """Backoff for transient API errors and scale conflicts (409)."""
+
+
+class DeploymentRef(Protocol):
+    """Where a model's Deployment lives in one pool (``controller.config.DeploymentRef`` fits)."""
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def label_selector(self) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """A plain ``DeploymentRef`` for code and tests that do not load a config file."""
+
+    namespace: str
+    name: str
+    label_selector: str | None = None
+
+
+class ConflictError(TransientProviderError):
+    """409 from the API server: the object changed since it was read; re-read and retry."""
+
+
+# --- label selectors ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """One term of a label selector."""
+
+    key: str
+    op: str
+    """``=``, ``!=``, ``in``, ``notin``, ``exists`` or ``!exists``."""
+    values: frozenset[str] = frozenset()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        present = self.key in labels
+        if self.op == "exists":
+            return present
+        if self.op == "!exists":
+            return not present
+        if self.op in ("=", "in"):
+            return present and labels[self.key] in self.values
+        # != and notin match objects without the label too (as the API server does).
+        return not present or labels[self.key] not in self.values
+
+
+_KEY = r"[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?"
+_VALUE = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
+_SET_RE = re.compile(rf"^\s*(?P<key>{_KEY})\s+(?P<op>in|notin)\s*\((?P<vals>[^()]*)\)\s*$")
+_EQ_RE = re.compile(rf"^\s*(?P<key>{_KEY})\s*(?P<op>==|=|!=)\s*(?P<val>{_VALUE})\s*$")
+_EXISTS_RE = re.compile(rf"^\s*(?P<neg>!)?\s*(?P<key>{_KEY})\s*$")
+_VALUE_RE = re.compile(rf"^{_VALUE}$")
+
+
+def _split_terms(text: str) -> list[str]:
+    terms, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced ')' in selector {text!r}")
+        if ch == "," and depth == 0:
+            terms.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if depth != 0:
+        raise ValueError(f"unbalanced '(' in selector {text!r}")
+    terms.append("".join(cur))
+    return terms
+
+
+def parse_selector(text: str | None) -> tuple[Requirement, ...]:
+    """Parse a label selector string (``a=b,c!=d,e in (f,g),h notin (i),j,!k``) as the API server
+    does. The empty selector matches everything. Raises ``ValueError`` on bad syntax."""
+    if text is None or not text.strip():
+        return ()
+    out: list[Requirement] = []
+    for term in _split_terms(text):
+        if not term.strip():
+            raise ValueError(f"empty term in selector {text!r}")
+        if m := _SET_RE.match(term):
+            vals = frozenset(v.strip() for v in m["vals"].split(",") if v.strip())
+            bad = [v for v in vals if not _VALUE_RE.match(v)]
+            if bad or not vals:
+                raise ValueError(f"bad value set in selector term {term.strip()!r}")
+            out.append(Requirement(m["key"], m["op"], vals))
+        elif m := _EQ_RE.match(term):
+            out.append(Requirement(m["key"], "!=" if m["op"] == "!=" else "=", frozenset({m["val"]})))
+        elif m := _EXISTS_RE.match(term):
+            out.append(Requirement(m["key"], "!exists" if m["neg"] else "exists"))
+        else:
+            raise ValueError(f"cannot parse selector term {term.strip()!r} in {text!r}")
+    return tuple(out)
+
+
+def selector_matches(labels: Mapping[str, str] | None, selector: str | Sequence[Requirement] | None) -> bool:
+    reqs = parse_selector(selector) if selector is None or isinstance(selector, str) else selector
+    lab = labels or {}
+    return all(r.matches(lab) for r in reqs)
+
+
+def selector_from_labels(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def selector_from_label_selector(sel: k8s.V1LabelSelector | None) -> str:
+    """The string form of a structured ``V1LabelSelector`` (match_labels and match_expressions)."""
+    if sel is None:
+        return ""
+    terms = [f"{k}={v}" for k, v in sorted((sel.match_labels or {}).items())]
+    for expr in sel.match_expressions or []:
+        op = expr.operator
+        vals = ",".join(sorted(expr.values or []))
+        if op == "In":
+            terms.append(f"{expr.key} in ({vals})")
+        elif op == "NotIn":
+            terms.append(f"{expr.key} notin ({vals})")
+        elif op == "Exists":
+            terms.append(expr.key)
+        elif op == "DoesNotExist":
+            terms.append(f"!{expr.key}")
+        else:
+            raise ValueError(f"unknown label selector operator {op!r} for key {expr.key!r}")
+    return ",".join(terms)
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+def _api_message(e: ApiException) -> str:
+    import json
+
+    try:
+        body = json.loads(e.body) if e.body else {}
+        if isinstance(body, dict) and body.get("message"):
+            return str(body["message"])[:300]
+    except (ValueError, TypeError):
+        pass
+    return str(e.reason or "")[:300]
+
+
+def translate_api_error(e: BaseException, what: str) -> ProviderError:
+    """Map a client error onto the project's tree. Use as ``raise translate_api_error(e, w) from e``.
+
+    409 is a ``ConflictError`` (re-read and retry); 429, 5xx and network trouble are transient;
+    404 names ``what`` (say, the model's Deployment) as missing, permanently; 401/403 and other
+    4xx are permanent (fix the config or RBAC; retrying changes nothing)."""
+    if isinstance(e, ApiException):
+        status = int(e.status or 0)
+        msg = _api_message(e)
+        if status == 409:
+            return ConflictError(f"{what}: conflict (409): {msg}")
+        if status == 404:
+            return PermanentProviderError(f"{what} not found (404): {msg}")
+        if status in (401, 403):
+            return PermanentProviderError(f"{what}: not allowed ({status}): {msg}")
+        if status == 0 or status == 429 or status >= 500:
+            return TransientProviderError(f"{what}: API server answered {status}: {msg}")
+        return PermanentProviderError(f"{what}: rejected ({status}): {msg}")
+    if isinstance(e, (urllib3.exceptions.HTTPError, OSError, TimeoutError)):
+        return TransientProviderError(f"{what}: {type(e).__name__}: {e}")
+    return PermanentProviderError(f"{what}: unexpected {type(e).__name__}: {e}")
+
+
+# --- reading nodes and pods (pure functions on client model objects) ---------------------------
+
+
+def node_ready(node: k8s.V1Node) -> bool:
+    for c in (node.status.conditions if node.status else None) or []:
+        if c.type == "Ready":
+            return c.status == "True"
+    return False
+
+
+def node_schedulable(node: k8s.V1Node) -> bool:
+    return not (node.spec and node.spec.unschedulable)
+
+
+def node_allocatable_gpus(node: k8s.V1Node, resource: str = "nvidia.com/gpu") -> int:
+    alloc = (node.status.allocatable if node.status else None) or {}
+    raw = alloc.get(resource)
+    try:
+        return int(str(raw)) if raw is not None else 0
+    except ValueError:
+        return 0
+
+
+def _aware(t: datetime | None) -> datetime | None:
+    if t is None:
+        return None
+    return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
+
+
+def node_notices(node: k8s.V1Node, taints: Mapping[str, NoticeKind] = INTERRUPTION_TAINTS,
+                 condition_types: Sequence[str] = ()) -> list[Notice]:
+    """Interruption / rebalance notices a node carries as taints or (configured) conditions."""
+    name = node.metadata.name if node.metadata else None
+    out: list[Notice] = []
+    for t in (node.spec.taints if node.spec else None) or []:
+        kind = taints.get(t.key)
+        if kind is not None:
+            out.append(Notice(kind, f"taint:{t.key}", _aware(t.time_added), node=name))
+    for c in (node.status.conditions if node.status else None) or []:
+        if c.type in condition_types and c.status == "True":
+            out.append(Notice(NoticeKind.INTERRUPTION, f"condition:{c.type}",
+                              _aware(c.last_transition_time), node=name))
+    return out
+
+
+def pod_terminal(pod: k8s.V1Pod) -> bool:
+    return bool(pod.status and pod.status.phase in ("Succeeded", "Failed"))
+
+
+def pod_unschedulable(pod: k8s.V1Pod) -> bool:
+    """Pending and judged unschedulable by the scheduler (``PodScheduled=False``, reason
+    ``Unschedulable``)."""
+    if not pod.status or pod.status.phase != "Pending" or (pod.spec and pod.spec.node_name):
+        return False
+    return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+               for c in pod.status.conditions or [])
+
+
+def pod_unschedulable_since(pod: k8s.V1Pod) -> datetime | None:
+    """When an unschedulable pod became so: the condition's transition time, else the pod's
+    creation time; ``None`` when the pod is not unschedulable or carries neither timestamp."""
+    if not pod_unschedulable(pod):
+        return None
+    for c in pod.status.conditions or []:
+        if c.type == "PodScheduled" and c.last_transition_time is not None:
+            return _aware(c.last_transition_time)
+    return _aware(pod.metadata.creation_timestamp if pod.metadata else None)
+
+
+def _pod_message(pod: k8s.V1Pod) -> str:
+    for c in (pod.status.conditions if pod.status else None) or []:
+        if c.type == "PodScheduled" and c.message:
+            return str(c.message)[:200]
+    return "unschedulable"
+
+
+# --- API access --------------------------------------------------------------------------------
+
+
+def make_api_client(*, host: str | None = None, kubeconfig: str | None = None, context: str | None = None,
+                    in_cluster: bool = False, verify_ssl: bool = True) -> k8s.ApiClient:
+    """An ``ApiClient`` from in-cluster credentials, a kubeconfig file, or a bare ``host`` URL
+    (tests and ``kubectl proxy``)."""
+    from kubernetes import config as kconfig
+
+    if in_cluster:
+        cfg = k8s.Configuration()
+        kconfig.load_incluster_config(client_configuration=cfg)
+        return k8s.ApiClient(cfg)
+    if host is not None and kubeconfig is None:
+        cfg = k8s.Configuration(host=host)
+        cfg.verify_ssl = verify_ssl
+        return k8s.ApiClient(cfg)
+    return kconfig.new_client_from_config(config_file=kubeconfig, context=context)
+
+
+class KubernetesCluster:
+    """The calls tidegate makes to one API server, errors translated, reads retried."""
+
+    def __init__(self, api_client: k8s.ApiClient, settings: KubernetesSettings = KubernetesSettings(),
+                 *, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.api_client = api_client
+        self.apps = k8s.AppsV1Api(api_client)
+        self.core = k8s.CoreV1Api(api_client)
+        self.settings = settings
+        self._sleep = sleep
+
+    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+            raise translate_api_error(e, what) from e
+
+    def _read(self, what: str, fn: Callable[[], Any]) -> Any:
+        value, _ = retry_transient(lambda: self._call(what, fn), self.settings.retry, sleep=self._sleep)
+        return value
+
+    def read_deployment(self, namespace: str, name: str, what: str) -> k8s.V1Deployment:
+        t = self.settings.request_timeout_s
+        return self._read(what, lambda: self.apps.read_namespaced_deployment(name, namespace, _request_timeout=t))
+
+    def read_scale(self, namespace: str, name: str, what: str) -> k8s.V1Scale:
+        t = self.settings.request_timeout_s
+        return self._read(what, lambda: self.apps.read_namespaced_deployment_scale(name, namespace, _request_timeout=t))
+
+    def patch_scale(self, namespace: str, name: str, replicas: int, resource_version: str | None,
+                    what: str) -> k8s.V1Scale:
+        """One patch of ``spec.replicas``; with ``resource_version`` the server refuses (409) if the
+        object changed since it was read. Not retried here: the caller re-reads first."""
+        body: dict[str, Any] = {"spec": {"replicas": replicas}}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        t = self.settings.request_timeout_s
+        return self._call(what, lambda: self.apps.patch_namespaced_deployment_scale(
+            name, namespace, body, _request_timeout=t))
+
+    def list_pods(self, namespace: str, selector: str, what: str) -> list[k8s.V1Pod]:
+        reqs = parse_selector(selector)
+        t = self.settings.request_timeout_s
+        pods = self._read(what, lambda: self.core.list_namespaced_pod(namespace, label_selector=selector or None,
+                                                                      _request_timeout=t))
+        return [p for p in pods.items or [] if selector_matches(p.metadata.labels if p.metadata else None, reqs)]
+
+    def list_nodes(self, selector: str, what: str) -> list[k8s.V1Node]:
+        reqs = parse_selector(selector)
+        t = self.settings.request_timeout_s
+        nodes = self._read(what, lambda: self.core.list_node(label_selector=selector or None, _request_timeout=t))
+        return [n for n in nodes.items or [] if selector_matches(n.metadata.labels if n.metadata else None, reqs)]
+
+
+# --- observation -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    name: str
+    ready: bool
+    schedulable: bool
+    gpus_allocatable: int
+    provider_id: str | None
+    notices: tuple[Notice, ...] = ()
+
+    @property
+    def noticed(self) -> bool:
+        """Under an interruption notice (rebalance recommendations do not count)."""
+        return any(n.kind is NoticeKind.INTERRUPTION for n in self.notices)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolObservation:
+    """Everything one ``observe`` read about one model in one pool."""
+
+    model: str
+    pool: str
+    at: datetime
+    replicas: int | None
+    ready_replicas: int | None
+    unavailable_replicas: int | None
+    selector: str
+    nodes: tuple[NodeInfo, ...]
+    pods_by_node: Mapping[str, int]
+    """This model's live pods per node name."""
+    unschedulable_pods: int
+    oldest_unschedulable_s: float | None
+    interrupted_replicas: int
+    notices: tuple[Notice, ...]
+
+    @property
+    def gpus_allocatable(self) -> int:
+        return sum(n.gpus_allocatable for n in self.nodes if n.ready)
+
+
+class KubernetesPoolProvider:
+    """``PoolProvider`` for one pool whose nodes are not ordered by tidegate (on-prem), and the
+    Kubernetes half of every cloud pool (``providers.cloudpool.CloudPoolProvider``).
+
+    ``deployments`` maps model names to their Deployment in this pool; ``node_selector`` is the
+    pool's node labels (``PoolConfig.kubernetes.node_selector``)."""
+
+    provider = PROVIDER
+    scale_call = CALL_SCALE
+
+    def __init__(
+        self,
+        pool: PoolSpec,
+        deployments: Mapping[str, DeploymentRef],
+        cluster: KubernetesCluster,
+        *,
+        node_selector: Mapping[str, str] | None = None,
+        settings: KubernetesSettings | None = None,
+        dry_run: bool = False,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool = pool
+        self.deployments = dict(deployments)
+        self.cluster = cluster
+        self.node_selector = selector_from_labels(node_selector or {})
+        self.settings = settings or cluster.settings
+        self.dry_run = dry_run
+        self.marks = UnavailableMarks()
+        self._monotonic = monotonic
+        self._first_seen: dict[str, datetime] = {}
+        self._notices_seen: dict[str, datetime] = {}
+        self._last: dict[str, PoolObservation] = {}
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _ref(self, model: str) -> DeploymentRef:
+        ref = self.deployments.get(model)
+        if ref is None:
+            raise PermanentProviderError(
+                f"model {model!r} has no Deployment in pool {self.pool.name!r} (it serves {sorted(self.deployments)})")
+        return ref
+
+    def _what(self, model: str, ref: DeploymentRef) -> str:
+        return f"Deployment {ref.namespace}/{ref.name} of model {model!r} in pool {self.pool.name!r}"
+
+    def pool_nodes(self) -> list[NodeInfo]:
+        s = self.settings
+        out = []
+        for n in self.cluster.list_nodes(self.node_selector, f"nodes of pool {self.pool.name!r}"):
+            out.append(NodeInfo(
+                name=n.metadata.name, ready=node_ready(n), schedulable=node_schedulable(n),
+                gpus_allocatable=node_allocatable_gpus(n, s.gpu_resource),
+                provider_id=n.spec.provider_id if n.spec else None,
+                notices=tuple(node_notices(n, s.interruption_taints, s.interruption_condition_types))))
+        return out
+
+    def _selector(self, ref: DeploymentRef, dep: k8s.V1Deployment | None = None) -> str:
+        if ref.label_selector:
+            return ref.label_selector
+        if dep is None:
+            dep = self.cluster.read_deployment(ref.namespace, ref.name, self._what("?", ref))
+        return selector_from_label_selector(dep.spec.selector if dep.spec else None)
+
+    # -- observe ----------------------------------------------------------------------------------
+
+    def observe(
+        self,
+        model: ModelSpec,
+        now: datetime,
+        *,
+        cloud_notices: Sequence[Notice] = (),
+        instance_id_for: Callable[[str], str | None] | None = None,
+    ) -> PoolObservation:
+        """Read the model's Deployment, its pods and the pool's nodes; update the unavailable mark
+        and the interruption counter. ``cloud_notices`` (by instance id) are mapped onto nodes
+        through ``instance_id_for(node.spec.providerID)``."""
+        ref = self._ref(model.name)
+        what = self._what(model.name, ref)
+        dep = self.cluster.read_deployment(ref.namespace, ref.name, what)
+        selector = self._selector(ref, dep)
+        pods = self.cluster.list_pods(ref.namespace, selector, f"pods of {what}")
+        nodes = self.pool_nodes()
+
+        # Cloud notices name instances; attach them to the nodes they back.
+        by_instance: dict[str, NodeInfo] = {}
+        if instance_id_for is not None:
+            for n in nodes:
+                iid = instance_id_for(n.provider_id) if n.provider_id else None
+                if iid:
+                    by_instance[iid] = n
+        extra: dict[str, list[Notice]] = {}
+        loose: list[Notice] = []
+        for notice in cloud_notices:
+            node = by_instance.get(notice.instance_id or "")
+            if node is not None:
+                extra.setdefault(node.name, []).append(
+                    Notice(notice.kind, notice.source, notice.at, node=node.name, instance_id=notice.instance_id))
+            else:
+                loose.append(notice)  # an instance that never joined: no replica on it, still counted
+        if extra:
+            nodes = [NodeInfo(n.name, n.ready, n.schedulable, n.gpus_allocatable, n.provider_id,
+                              n.notices + tuple(extra.get(n.name, ()))) for n in nodes]
+        noticed = {n.name for n in nodes if n.noticed}
+        notices = tuple(x for n in nodes for x in n.notices) + tuple(loose)
+
+        live = [p for p in pods if not pod_terminal(p)]
+        pods_by_node: dict[str, int] = {}
+        for p in live:
+            if p.spec and p.spec.node_name:
+                pods_by_node[p.spec.node_name] = pods_by_node.get(p.spec.node_name, 0) + 1
+        interrupted = sum(c for n, c in pods_by_node.items() if n in noticed)
+
+        # Unschedulable replicas past the timeout mark the whole pool: it lacks capacity for all.
+        timeout_s = self.settings.unschedulable_timeout_s + self.pool.provisioning_delay_s
+        stuck_ages: list[float] = []
+        first_seen: dict[str, datetime] = {}
+        message = ""
+        for p in live:
+            if not pod_unschedulable(p):
+                continue
+            key = (p.metadata.uid or f"{p.metadata.namespace}/{p.metadata.name}") if p.metadata else ""
+            # A pod without any timestamp is aged from the first time this provider saw it.
+            first_seen[key] = self._first_seen.get(key, now)
+            since = pod_unschedulable_since(p) or first_seen[key]
+            stuck_ages.append(max(0.0, (now - since).total_seconds()))
+            message = message or _pod_message(p)
+        self._first_seen = first_seen
+        late = [a for a in stuck_ages if a > timeout_s]
+        if late:
+            self.marks.mark(self.pool.name, now + timedelta(seconds=self.settings.unavailable_for_s), unavailable_reason(
+                self.pool, "Unschedulable",
+                f"{len(late)} replica(s) of {model.name} Pending for more than {timeout_s:g} s: {message}"))
+
+        self._count_notices(notices, now)
+
+        spec_r = dep.spec.replicas if dep.spec and dep.spec.replicas is not None else 1
+        status = dep.status
+        reconciled = status is not None and status.observed_generation is not None
+        obs = PoolObservation(
+            model=model.name, pool=self.pool.name, at=now,
+            replicas=spec_r,
+            # The API omits zero-valued status fields; once the controller has reconciled the
+            # Deployment (observedGeneration set) an absent count means 0, before that: unknown.
+            ready_replicas=(status.ready_replicas or 0) if reconciled else None,
+            unavailable_replicas=(status.unavailable_replicas or 0) if reconciled else None,
+            selector=selector, nodes=tuple(nodes), pods_by_node=pods_by_node,
+            unschedulable_pods=len(stuck_ages), oldest_unschedulable_s=max(stuck_ages) if stuck_ages else None,
+            interrupted_replicas=interrupted, notices=notices)
+        self._last[model.name] = obs
+        return obs
+
+    def _count_notices(self, notices: Sequence[Notice], now: datetime) -> None:
+        for n in notices:
+            if n.kind is NoticeKind.INTERRUPTION:
+                self._notices_seen.setdefault(n.key, n.at or now)
+        horizon = now - timedelta(seconds=self.settings.interruption_window_s)
+        self._notices_seen = {k: t for k, t in self._notices_seen.items() if t >= horizon}
+
+    def recent_interruptions(self) -> int:
+        return len(self._notices_seen)
+
+    def to_state(self, obs: PoolObservation, now: datetime, *, nodes: int | None = None) -> PoolState:
+        why = self.marks.reason(self.pool.name, now)
+        if nodes is None:
+            nodes = sum(1 for n in obs.nodes if n.ready and n.schedulable and not n.noticed)
+        return PoolState(
+            pool=self.pool.name, replicas=obs.replicas, ready_replicas=obs.ready_replicas, nodes=nodes,
+            available=why is None, unavailable_reason=why, interrupted_replicas=obs.interrupted_replicas,
+            recent_interruptions=self.recent_interruptions(), price_per_node_hour_usd=None, at=now)
+
+    def state(self, model: ModelSpec, now: datetime) -> PoolState:
+        return self.to_state(self.observe(model, now), now)
+
+    def last_observation(self, model: str) -> PoolObservation | None:
+        return self._last.get(model)
+
+    def busy_nodes(self, now: datetime) -> set[str]:
+        """Nodes that still hold a pod (running, pending on the node or terminating) of any of this
+        pool's Deployments: a node group must not release them."""
+        busy: set[str] = set()
+        for model, ref in self.deployments.items():
+            what = self._what(model, ref)
+            for p in self.cluster.list_pods(ref.namespace, self._selector(ref), f"pods of {what}"):
+                if p.spec and p.spec.node_name and not pod_terminal(p):
+                    busy.add(p.spec.node_name)
+        return busy
+
+    def nodes_by_instance(self, instance_id_for: Callable[[str], str | None], now: datetime) -> dict[str, NodeInfo]:
+        out: dict[str, NodeInfo] = {}
+        for n in self.pool_nodes():
+            iid = instance_id_for(n.provider_id) if n.provider_id else None
+            if iid:
+                out[iid] = n
+        return out
+
+    # -- act --------------------------------------------------------------------------------------
+
+    def validate(self, model: ModelSpec, replicas: int, log: ActionLog) -> None:
+        try:
+            self._ref(model.name)
+        except PermanentProviderError as e:
+            raise log.fail(e) from None
+        if replicas < 0:
+            raise log.fail(PermanentProviderError(
+                f"replicas must be >= 0, got {replicas} for {model.name}/{self.pool.name}"))
+
+    def set_replicas(self, model: ModelSpec, replicas: int, log: ActionLog) -> None:
+        """Make the Deployment's ``spec.replicas`` equal ``replicas``: read the scale, patch only on
+        a difference (else a ``NOOP`` row), with the read resourceVersion. Conflicts and other
+        transient errors are re-read and retried with backoff; every patch made is a row."""
+        ref = self._ref(model.name)
+        what = self._what(model.name, ref)
+        if self.dry_run:
+            last = self._last.get(model.name)
+            cur = last.replicas if last else None
+            log.note(CALL_SCALE, {"namespace": ref.namespace, "deployment": ref.name, "replicas": replicas,
+                                  "previous_replicas": cur},
+                     ActionStatus.NOOP if cur == replicas else ActionStatus.DRY_RUN, provider=PROVIDER)
+            return
+
+        def once() -> None:
+            scale = self.cluster.read_scale(ref.namespace, ref.name, what)
+            cur = scale.spec.replicas if scale.spec and scale.spec.replicas is not None else 0
+            rv = scale.metadata.resource_version if scale.metadata else None
+            args = {"namespace": ref.namespace, "deployment": ref.name, "replicas": replicas, "previous_replicas": cur}
+            if cur == replicas:
+                log.note(CALL_SCALE, args, ActionStatus.NOOP, provider=PROVIDER)
+                return
+            log.run(CALL_SCALE, args, lambda: self.cluster.patch_scale(ref.namespace, ref.name, replicas, rv, what),
+                    provider=PROVIDER)
+
+        try:
+            retry_transient(once, self.settings.retry, sleep=self.cluster._sleep)
+        except ProviderError as e:
+            # Failed patches are already rows; a read that failed is not a call we made to act.
+            raise log.fail(e) from e.__cause__
+
+    def scale(self, model: ModelSpec, replicas: int, nodes: int, now: datetime) -> Sequence[Action]:
+        """Set the model's replicas in this pool. ``nodes`` is not actuated: the nodes of a pool
+        without a node group exist or not; the core sizes placements by ``max_nodes``."""
+        log = ActionLog(PROVIDER, self.pool.name, model.name, monotonic=self._monotonic)
+        self.validate(model, replicas, log)
+        self.set_replicas(model, replicas, log)
+        return log.actions
+
+
+__all__ = [
+    "CALL_SCALE", "ConflictError", "Deployment", "DeploymentRef", "INTERRUPTION_TAINTS", "KubernetesCluster",
+    "KubernetesPoolProvider", "KubernetesSettings", "NodeInfo", "PROVIDER", "PoolObservation", "Requirement",
+    "make_api_client", "node_allocatable_gpus", "node_notices", "node_ready", "node_schedulable",
+    "parse_selector", "pod_terminal", "pod_unschedulable", "pod_unschedulable_since", "selector_from_label_selector",
+    "selector_from_labels", "selector_matches", "translate_api_error",
+]

@@ -1,0 +1,506 @@
+"""The Prometheus metrics source: the daemon's eyes on Triton, TensorRT-LLM and DCGM metrics.
+
+Why this module looks the way it does:
+
+- **One query per signal kind per tick**, grouped ``by`` model and pool, never one query per model:
+  the cost of a tick stays flat as models are added, and every model is seen at the same instant.
+- **Missing is not zero.** Every way an answer can be wrong (HTTP 4xx/5xx, timeout, connection
+  refused, invalid JSON, an error status, an empty result, several series where one was expected,
+  NaN, +/-Inf, a sample older than the configured age) becomes ``Sample(None, reason=...)`` plus
+  one structured log line, never ``0`` and never an exception. KEDA's Prometheus scaler reads "no
+  data" as 0 by default; an autoscaler that does that releases capacity exactly when its eyes
+  fail.
+- **Honest estimates.** When a model exposes only Triton's cumulative duration counters, the
+  latency signal is a *mean*, not a p99; the sample carries the value with reason
+  ``AverageNotP99`` instead of pretending.
+- **httpx, not prometheus-api-client**: the client raises one generic exception for every non-200
+  answer and gives no hold on timeouts vs refused connections vs bad JSON, which is exactly the
+  distinction the reasons need. httpx also lets tests inject a transport.
+
+Reasons are ``"Code: detail"`` strings; ``reason_code(sample)`` returns the code. Codes:
+``NoData``, ``SeveralSeries``, ``NaN``, ``Inf``, ``Stale``, ``HTTP <status>``, ``Timeout``,
+``ConnectionRefused``, ``ConnectionError``, ``InvalidJSON``, ``BadResponse``, ``QueryError``,
+``NotConfigured``, ``NoRequests`` (latency undefined: nothing completed in the window),
+``Partial`` (some pools invalid: the value covers the others), and the informational
+``AverageNotP99`` / ``P99OfFirstResponse`` on present values.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from string import Template
+from typing import Any, Iterable, Mapping, Sequence
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from controller.core.model import ModelSignals, ModelSpec, Sample
+
+log = logging.getLogger("tidegate.providers.prometheus")
+
+
+class Code(str, enum.Enum):
+    """Why a sample is missing or approximate (the part of ``Sample.reason`` before ``:``)."""
+
+    NO_DATA = "NoData"
+    SEVERAL_SERIES = "SeveralSeries"
+    NAN = "NaN"
+    INF = "Inf"
+    STALE = "Stale"
+    TIMEOUT = "Timeout"
+    CONNECTION_REFUSED = "ConnectionRefused"
+    CONNECTION_ERROR = "ConnectionError"
+    INVALID_JSON = "InvalidJSON"
+    BAD_RESPONSE = "BadResponse"
+    QUERY_ERROR = "QueryError"
+    NOT_CONFIGURED = "NotConfigured"
+    NO_REQUESTS = "NoRequests"
+    PARTIAL = "Partial"
+    AVERAGE_NOT_P99 = "AverageNotP99"
+    P99_OF_FIRST_RESPONSE = "P99OfFirstResponse"
+
+
+def reason_code(sample: Sample) -> str | None:
+    """The code of a sample's reason (``"HTTP 503"`` keeps its status)."""
+    if sample.reason is None:
+        return None
+    return sample.reason.split(":", 1)[0]
+
+
+# Signals the source fills in ``ModelSignals`` (field names), and how pools combine into the
+# model's value: queues and rates add up; latency and KV pressure take the worst pool (a p99
+# cannot be averaged, and the most pressured pool is the one that hurts); GPU utilization is the
+# unweighted mean of the pools' means.
+SIGNALS: tuple[str, ...] = (
+    "queue_depth", "p99_latency_ms", "gpu_utilization_pct", "request_rate_per_s",
+    "output_tokens_per_s", "input_tokens_per_s", "kv_cache_utilization_pct",
+)
+EXTRA_SIGNALS: tuple[str, ...] = ("gpu_power_kw",)
+"""Read per pool for the cost of on-prem pools (``providers.cost``); not a ``ModelSignals`` field."""
+COMBINE: Mapping[str, str] = {
+    "queue_depth": "sum", "p99_latency_ms": "max", "gpu_utilization_pct": "mean",
+    "request_rate_per_s": "sum", "output_tokens_per_s": "sum", "input_tokens_per_s": "sum",
+    "kv_cache_utilization_pct": "max", "gpu_power_kw": "sum",
+}
+ESTIMATE_LABEL = "tidegate_estimate"
+"""Label the default latency query attaches to say which estimate answered (``p99``,
+``p99_first_response`` or ``mean``)."""
+
+# The join that gives DCGM's per-GPU series the serving pod's model and pool: a 0-valued marker per
+# (namespace, pod, model, pool) from Triton's own series, plus the pod's GPU value. Pre-aggregating
+# DCGM per pod keeps the match many-to-one even when one pod serves several Triton models (a
+# TensorRT-LLM ensemble) and holds several GPUs (tensor parallelism).
+_POD_MARKER = "max by (namespace, pod, ${model}, ${pool}) (nv_inference_request_success * 0)"
+
+DEFAULT_QUEUE_DEPTH = (
+    'sum by (${model}, ${pool}) (nv_trt_llm_request_metrics{request_type="waiting"})'
+    " or on (${model}, ${pool}) "
+    "sum by (${model}, ${pool}) (nv_inference_pending_request_count)"
+)
+DEFAULT_P99_LATENCY_MS = (
+    'label_replace(max by (${model}, ${pool}) (nv_inference_request_summary_us{quantile="0.99"}) / 1000,'
+    ' "tidegate_estimate", "p99", "", "")'
+    " or on (${model}, ${pool}) "
+    "label_replace(histogram_quantile(0.99, sum by (${model}, ${pool}, le)"
+    " (rate(nv_inference_first_response_histogram_ms_bucket[${window}]))),"
+    ' "tidegate_estimate", "p99_first_response", "", "")'
+    " or on (${model}, ${pool}) "
+    "label_replace(sum by (${model}, ${pool}) (rate(nv_inference_request_duration_us[${window}]))"
+    " / sum by (${model}, ${pool}) (rate(nv_inference_request_success[${window}])) / 1000,"
+    ' "tidegate_estimate", "mean", "", "")'
+)
+DEFAULT_GPU_UTILIZATION_PCT = (
+    f"avg by (${{model}}, ${{pool}}) ({_POD_MARKER}"
+    " + on (namespace, pod) group_left avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL))"
+)
+DEFAULT_REQUEST_RATE = "sum by (${model}, ${pool}) (rate(nv_inference_request_success[${window}]))"
+DEFAULT_OUTPUT_TOKENS = "sum by (${model}, ${pool}) (rate(nv_llm_output_token_len_sum[${window}]))"
+DEFAULT_INPUT_TOKENS = "sum by (${model}, ${pool}) (rate(nv_llm_input_token_len_sum[${window}]))"
+DEFAULT_KV_CACHE_PCT = (
+    'max by (${model}, ${pool}) (nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}) * 100'
+    " or on (${model}, ${pool}) "
+    'max by (${model}, ${pool}) (nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used"}'
+    ' / ignoring (kv_cache_block_type) nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max"}) * 100'
+)
+DEFAULT_GPU_POWER_KW = (
+    f"sum by (${{model}}, ${{pool}}) ({_POD_MARKER}"
+    " + on (namespace, pod) group_left"
+    " sum by (namespace, pod) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[${window}]))) / 1e6"
+)
+DEFAULT_FRESHNESS = "min by (${model}, ${pool}) (timestamp(nv_inference_request_success))"
+
+
+class PromQueries(BaseModel):
+    """The PromQL the source runs, one query per signal kind per tick (``null`` turns a signal
+    off: it is then reported missing with ``NotConfigured``).
+
+    Each query must return at most one series per (model, pool), carrying the model in
+    ``${model}`` and the pool in ``${pool}`` labels; ``${window}`` is the rate window. These three
+    placeholders are substituted before the query runs (``$`` never appears in PromQL). The
+    defaults expect Triton's series to carry ``namespace`` and ``pod`` target labels (the usual
+    Kubernetes pod relabelling) and the DCGM exporter's pod mapping (scraped with
+    ``honor_labels: true``) for the GPU join.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rate_window: str = Field(
+        "1m", pattern=r"^[0-9]+(ms|s|m|h)$",
+        description="Range of rate() windows. At least 4 scrape intervals so a single missed scrape does not empty the rate; longer smooths more and reacts later.")
+    queue_depth: str | None = Field(
+        DEFAULT_QUEUE_DEPTH,
+        description="Requests waiting per model and pool. TensorRT-LLM: nv_trt_llm_request_metrics{request_type=\"waiting\"} (the in-flight batcher's queue); other Triton backends: nv_inference_pending_request_count. Pools add up.")
+    p99_latency_ms: str | None = Field(
+        DEFAULT_P99_LATENCY_MS,
+        description="p99 request latency in ms, first answer wins: Triton's summary quantile (needs --metrics-config summary_latencies=true), then histogram_quantile over nv_inference_first_response_histogram_ms (time to first response; histogram_latencies=true), then the mean from the cumulative duration counters, marked AverageNotP99 through the tidegate_estimate label. The worst pool counts.")
+    gpu_utilization_pct: str | None = Field(
+        DEFAULT_GPU_UTILIZATION_PCT,
+        description="GPU utilization 0-100 of the GPUs of the serving pods: DCGM_FI_DEV_GPU_UTIL joined on (namespace, pod) to Triton's series. Pools combine as the unweighted mean.")
+    request_rate_per_s: str | None = Field(
+        DEFAULT_REQUEST_RATE, description="Successful requests per second (rate of nv_inference_request_success). Pools add up.")
+    output_tokens_per_s: str | None = Field(
+        DEFAULT_OUTPUT_TOKENS, description="Output tokens per second: rate of the sum of the TensorRT-LLM backend's nv_llm_output_token_len histogram. Pools add up.")
+    input_tokens_per_s: str | None = Field(
+        DEFAULT_INPUT_TOKENS, description="Prompt tokens per second: rate of the sum of nv_llm_input_token_len. Pools add up.")
+    kv_cache_utilization_pct: str | None = Field(
+        DEFAULT_KV_CACHE_PCT,
+        description="KV-cache blocks in use, percent: nv_trt_llm_kv_cache_block_metrics fraction, or used/max on backends without it. The worst pool counts.")
+    gpu_power_kw: str | None = Field(
+        DEFAULT_GPU_POWER_KW,
+        description="Power drawn by the serving pods' GPUs in kW: rate of DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (mJ since boot) / 1e6. Used for the energy part of on-prem cost.")
+    freshness: str | None = Field(
+        DEFAULT_FRESHNESS,
+        description="Unix time of the oldest latest scrape per (model, pool). A query's evaluation time says nothing about how old the data is (a restarted Prometheus serves its last pre-restart scrape for up to its lookback delta); samples are dated by this instead and count as stale past max_sample_age_s. null: date samples by the evaluation time.")
+
+    def render(self, name: str, model_label: str, pool_label: str) -> str | None:
+        text = getattr(self, name)
+        if text is None:
+            return None
+        return Template(text).substitute(model=model_label, pool=pool_label, window=self.rate_window)
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One tick's reading: the per-model signals plus the per-(model, pool) samples they were
+    combined from, so the daemon can tell partial data (a pool with ready replicas but no series)
+    and compute cost per pool."""
+
+    at: datetime
+    models: Mapping[str, ModelSignals]
+    pools: Mapping[tuple[str, str], Mapping[str, Sample]]
+    queries: int
+    """HTTP queries made this tick."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Series:
+    labels: Mapping[str, str]
+    at: datetime
+    raw: str
+
+
+@dataclass(slots=True)
+class _Answer:
+    error: str | None = None
+    series: list[_Series] = field(default_factory=list)
+
+
+_TRANSPORT_CODES = (Code.TIMEOUT.value, Code.CONNECTION_REFUSED.value, Code.CONNECTION_ERROR.value)
+
+
+class PrometheusMetricsSource:
+    """A ``MetricsSource`` reading Prometheus's HTTP API (``/api/v1/query``).
+
+    ``max_sample_age_s``: samples dated (by the ``freshness`` query, else by the evaluation time)
+    more than this before ``now`` are ``Stale``. ``timeout_s`` bounds each query; after a timeout
+    or refused connection the tick's remaining queries are not attempted (they get the same
+    reason) so a dead Prometheus costs one timeout per tick, not one per signal.
+    """
+
+    def __init__(self, url: str, queries: PromQueries | None = None, *, timeout_s: float = 2.0,
+                 max_sample_age_s: float = 30.0, pool_label: str = "pool", model_label: str = "model",
+                 transport: httpx.BaseTransport | None = None, headers: Mapping[str, str] | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.queries = queries or PromQueries()
+        self.timeout_s = timeout_s
+        self.max_sample_age_s = max_sample_age_s
+        self.pool_label = pool_label
+        self.model_label = model_label
+        self._client = httpx.Client(timeout=timeout_s, transport=transport, headers=dict(headers or {}))
+        self._logged: dict[tuple[str, str, str], str] = {}
+        self.last: Observation | None = None
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> "PrometheusMetricsSource":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- the protocol
+
+    def observe(self, models: Sequence[ModelSpec], now: datetime) -> Mapping[str, ModelSignals]:
+        return self.observe_detailed(models, now).models
+
+    def observe_detailed(self, models: Sequence[ModelSpec], now: datetime) -> Observation:
+        names = [m.name for m in models]
+        queries = 0
+        down: str | None = None  # transport failure seen this tick: skip the rest
+
+        fresh_at: dict[tuple[str, str], datetime] = {}
+        fq = self.queries.render("freshness", self.model_label, self.pool_label)
+        if fq is not None:
+            queries += 1
+            ans = self._query(fq)
+            if ans.error is not None:
+                self._note("freshness", "*", "*", ans.error, fq)
+                if ans.error.split(":", 1)[0] in _TRANSPORT_CODES:
+                    down = ans.error
+            else:
+                for s in ans.series:
+                    key = self._key(s)
+                    if key is None:
+                        continue
+                    try:
+                        fresh_at[key] = datetime.fromtimestamp(float(s.raw), tz=timezone.utc)
+                    except (ValueError, OverflowError):
+                        continue
+
+        per_pool: dict[tuple[str, str], dict[str, Sample]] = {}
+        failed: dict[str, str] = {}  # signal -> reason that applies to every model
+        ran: dict[str, str] = {}  # signal -> the PromQL it ran
+        for sig in SIGNALS + EXTRA_SIGNALS:
+            q = self.queries.render(sig, self.model_label, self.pool_label)
+            if q is None:
+                failed[sig] = f"{Code.NOT_CONFIGURED.value}: no query for {sig}"
+                continue
+            ran[sig] = q
+            if down is not None:
+                ans = _Answer(error=f"{down} (not queried: Prometheus unreachable earlier this tick)")
+            else:
+                queries += 1
+                ans = self._query(q)
+            if ans.error is not None:
+                if down is None and ans.error.split(":", 1)[0] in _TRANSPORT_CODES:
+                    down = ans.error
+                self._note(sig, "*", "*", ans.error, q)
+                failed[sig] = ans.error
+                continue
+            self._note(sig, "*", "*", None, q)
+            groups: dict[tuple[str, str], list[_Series]] = {}
+            for s in ans.series:
+                key = self._key(s)
+                if key is not None and key[0] in names:
+                    groups.setdefault(key, []).append(s)
+            for (model, pool), series in sorted(groups.items()):
+                per_pool.setdefault((model, pool), {})[sig] = self._one(
+                    sig, model, pool, series, fresh_at.get((model, pool)), now)
+
+        self._explain_idle_latency(per_pool)
+        for (model, pool), ps in per_pool.items():
+            for sig, smp in ps.items():
+                self._note(sig, model, pool, smp.reason if smp.value is None else None, ran.get(sig, ""))
+        per_model: dict[str, dict[str, Sample]] = {}
+        for n in names:
+            per_model[n] = {}
+            for sig in SIGNALS + EXTRA_SIGNALS:
+                if sig in failed:
+                    per_model[n][sig] = Sample.missing(failed[sig])
+                    continue
+                samples = {pool: ps[sig] for (m, pool), ps in per_pool.items() if m == n and sig in ps}
+                per_model[n][sig] = self._combine(sig, n, samples, ran.get(sig, ""))
+        signals = {
+            n: ModelSignals(model=n, at=now, **{s: per_model[n][s] for s in SIGNALS})
+            for n in names
+        }
+        obs = Observation(at=now, models=signals, pools={k: dict(v) for k, v in per_pool.items()}, queries=queries)
+        self.last = obs
+        return obs
+
+    def pool_samples(self, signal: str) -> dict[tuple[str, str], Sample]:
+        """The last tick's per-(model, pool) samples of one signal (e.g. ``gpu_power_kw``)."""
+        if self.last is None:
+            return {}
+        return {k: v[signal] for k, v in self.last.pools.items() if signal in v}
+
+    # ---- one answer
+
+    def _key(self, s: _Series) -> tuple[str, str] | None:
+        model = s.labels.get(self.model_label)
+        if model is None:
+            return None
+        # a series without the pool label belongs to the unnamed pool (single-pool setups)
+        return model, s.labels.get(self.pool_label, "")
+
+    def _one(self, sig: str, model: str, pool: str, series: list[_Series], fresh: datetime | None,
+             now: datetime) -> Sample:
+        where = f"model={model} pool={pool or '-'}"
+        if len(series) > 1:
+            shown = "; ".join(_fmt_labels(s.labels) for s in series[:3])
+            reason = (f"{Code.SEVERAL_SERIES.value}: {len(series)} series for {where} where one was expected"
+                      f" (group the query by {self.model_label} and {self.pool_label}): {shown}")
+            return Sample.missing(reason)
+        s = series[0]
+        at = s.at if fresh is None else min(s.at, fresh)
+        try:
+            value = float(s.raw)
+        except ValueError:
+            return Sample.missing(f"{Code.BAD_RESPONSE.value}: value {s.raw!r} for {where} is not a number", at)
+        if math.isnan(value):
+            return Sample.missing(f"{Code.NAN.value}: {where} evaluated to NaN", at)
+        if math.isinf(value):
+            return Sample.missing(f"{Code.INF.value}: {where} evaluated to {s.raw}", at)
+        age_s = (now - at).total_seconds()
+        if age_s > self.max_sample_age_s:
+            return Sample.missing(f"{Code.STALE.value}: {where} sample is {age_s:.1f}s old (max {self.max_sample_age_s:g}s)", at)
+        reason = None
+        est = s.labels.get(ESTIMATE_LABEL)
+        if est == "mean":
+            # Only cumulative duration counters exist for this model: what we have is a mean.
+            reason = (f"{Code.AVERAGE_NOT_P99.value}: {where} has only cumulative duration counters"
+                      " (nv_inference_request_duration_us / nv_inference_request_success); this is a mean latency")
+        elif est == "p99_first_response":
+            reason = f"{Code.P99_OF_FIRST_RESPONSE.value}: {where} p99 from nv_inference_first_response_histogram_ms"
+        return Sample(value, at, reason)
+
+    def _combine(self, sig: str, model: str, samples: Mapping[str, Sample], query: str) -> Sample:
+        if not samples:
+            reason = f"{Code.NO_DATA.value}: no series for model={model}"
+            self._note(sig, model, "*", reason, query)
+            return Sample.missing(reason)
+        self._note(sig, model, "*", None, query)
+        good = {p: s for p, s in samples.items() if s.value is not None}
+        # an idle pool has no latency; it is not missing data about the pools that do
+        idle = {p: s for p, s in samples.items() if s.value is None and reason_code(s) == Code.NO_REQUESTS.value}
+        bad = {p: s for p, s in samples.items() if s.value is None and p not in idle}
+        if not good and not bad:
+            ats = [s.at for s in idle.values() if s.at is not None]
+            return Sample.missing(f"{Code.NO_REQUESTS.value}: model={model} completed no requests in the window"
+                                  f" in any pool ({sorted(idle)}); latency undefined", min(ats) if ats else None)
+        if not good:
+            if len(bad) == 1:
+                return next(iter(bad.values()))
+            ats = [s.at for s in bad.values() if s.at is not None]
+            return Sample.missing("; ".join(f"{p or '-'}: {s.reason}" for p, s in sorted(bad.items())),
+                                  min(ats) if ats else None)
+        vals = [s.value for s in good.values() if s.value is not None]
+        how = COMBINE.get(sig, "sum")
+        value = sum(vals) if how == "sum" else max(vals) if how == "max" else sum(vals) / len(vals)
+        at = min(s.at for s in good.values() if s.at is not None)
+        notes = sorted({s.reason for s in good.values() if s.reason})
+        reason: str | None = None
+        if bad:
+            # Partial data: the value covers only the valid pools. For sums it is a lower bound:
+            # fine to scale up on, never a reason to scale down (the core holds on Partial).
+            reason = (f"{Code.PARTIAL.value}: value from pools {sorted(good)} only; "
+                      + "; ".join(f"{p or '-'}: {s.reason}" for p, s in sorted(bad.items())))
+        elif notes:
+            reason = notes[0] if len(notes) == 1 else "; ".join(notes)
+        return Sample(value, at, reason)
+
+    def _explain_idle_latency(self, per_pool: dict[tuple[str, str], dict[str, Sample]]) -> None:
+        """A p99 of NaN while the pool's request rate is 0 means "no request completed in the
+        window": still missing (latency is undefined), but say so, so that nobody reads a broken
+        exporter into an idle pool or the other way round, and so that an idle pool does not make
+        the model's latency look partial."""
+        for (model, pool), ps in per_pool.items():
+            lat, rate = ps.get("p99_latency_ms"), ps.get("request_rate_per_s")
+            if lat is None or rate is None or reason_code(lat) != Code.NAN.value or rate.value != 0.0:
+                continue
+            ps["p99_latency_ms"] = Sample.missing(
+                f"{Code.NO_REQUESTS.value}: model={model} pool={pool or '-'} completed no requests in the window"
+                " (idle); latency undefined", lat.at)
+
+    # ---- HTTP
+
+    def _query(self, promql: str) -> _Answer:
+        try:
+            r = self._client.get(f"{self.url}/api/v1/query",
+                                 params={"query": promql, "timeout": f"{self.timeout_s:g}s"})
+        except httpx.TimeoutException as e:
+            return _Answer(error=f"{Code.TIMEOUT.value}: no answer from {self.url} within {self.timeout_s:g}s ({type(e).__name__})")
+        except httpx.ConnectError as e:
+            text = str(e)
+            code = Code.CONNECTION_REFUSED if "refused" in text.lower() or "111" in text else Code.CONNECTION_ERROR
+            return _Answer(error=f"{code.value}: {self.url}: {text}")
+        except httpx.HTTPError as e:
+            return _Answer(error=f"{Code.CONNECTION_ERROR.value}: {self.url}: {type(e).__name__}: {e}")
+        if r.status_code >= 400:
+            detail = r.text[:300].strip()
+            try:
+                body = r.json()
+                if isinstance(body, dict) and "error" in body:
+                    detail = f"{body.get('errorType', '')}: {body['error']}"[:300]
+            except ValueError:
+                pass
+            return _Answer(error=f"HTTP {r.status_code}: {detail}")
+        try:
+            body = r.json()
+        except ValueError as e:
+            return _Answer(error=f"{Code.INVALID_JSON.value}: {e}; body starts {r.text[:80]!r}")
+        return _parse(body)
+
+    # ---- logging
+
+    def _note(self, sig: str, model: str, pool: str, reason: str | None, query: str) -> None:
+        """One structured line when a (signal, model, pool) turns bad or changes reason, one when it
+        recovers; repeats of the same reason go to DEBUG so a permanently absent family does not
+        flood the log every tick."""
+        key = (sig, model, pool)
+        code = None if reason is None else reason.split(":", 1)[0]
+        before = self._logged.get(key)
+        if code is None:
+            if before is not None:
+                del self._logged[key]
+                log.info("signal_recovered signal=%s model=%s pool=%s was=%s", sig, model, pool, before,
+                         extra={"event": "signal_recovered", "signal": sig, "model": model, "pool": pool, "was": before})
+            return
+        # an idle model is news, not a problem
+        level = logging.DEBUG if before == code else logging.INFO if code == Code.NO_REQUESTS.value else logging.WARNING
+        self._logged[key] = code
+        log.log(level, "signal_missing signal=%s model=%s pool=%s reason=%s", sig, model, pool, reason,
+                extra={"event": "signal_missing", "signal": sig, "model": model, "pool": pool,
+                       "reason": reason, "code": code, "query": query})
+
+
+def _parse(body: Any) -> _Answer:
+    if not isinstance(body, dict):
+        return _Answer(error=f"{Code.BAD_RESPONSE.value}: expected a JSON object, got {type(body).__name__}")
+    if body.get("status") != "success":
+        return _Answer(error=f"{Code.QUERY_ERROR.value}: status={body.get('status')!r} {body.get('errorType', '')}: {body.get('error', '')}"[:300])
+    data = body.get("data")
+    if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+        rt = data.get("resultType") if isinstance(data, dict) else None
+        return _Answer(error=f"{Code.BAD_RESPONSE.value}: expected data.resultType 'vector' with a result list, got {rt!r}")
+    out = _Answer()
+    for item in data["result"]:
+        try:
+            labels = item["metric"]
+            ts, raw = item["value"]
+            at = datetime.fromtimestamp(float(ts), tz=timezone.utc)
+            if not isinstance(labels, dict):
+                raise TypeError("metric is not an object")
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
+            return _Answer(error=f"{Code.BAD_RESPONSE.value}: malformed result item {str(item)[:120]}: {e}")
+        out.series.append(_Series({str(k): str(v) for k, v in labels.items()}, at, str(raw)))
+    return out
+
+
+def _fmt_labels(labels: Mapping[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def signals_missing(signals: ModelSignals, names: Iterable[str] = SIGNALS) -> dict[str, str]:
+    """Signal name -> reason for every missing signal of one model (for status pages and logs)."""
+    out = {}
+    for n in names:
+        s: Sample = getattr(signals, n)
+        if s.value is None:
+            out[n] = s.reason or Code.NO_DATA.value
+    return out

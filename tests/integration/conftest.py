@@ -1,0 +1,115 @@
+"""Shared fixtures of the integration tier: real local servers on 127.0.0.1.
+
+Databases: ``db_url`` runs each test against an empty SQLite file and an empty database on a real
+PostgreSQL server (127.0.0.1:5432, user ``postgres``, trust auth; override the libpq connection
+string with ``TIDEGATE_TEST_PG_DSN``). One PostgreSQL database with a unique name is created per
+test session and dropped at the end; its schema is emptied before each test. Without a reachable
+PostgreSQL the PostgreSQL cases skip, except under ``CI=true`` where they fail: CI must test both.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from controller.db.migrate import upgrade
+from controller.db.repo import Repository
+
+# --- databases ---------------------------------------------------------------------------------
+
+PG_DSN = os.environ.get("TIDEGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 user=postgres connect_timeout=3")
+"""libpq connection string of the test PostgreSQL server, without a database name."""
+
+_PG_ADMIN_DATABASES = ("postgres", "test")
+"""Databases to connect to for CREATE / DROP DATABASE (the first that answers)."""
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def _pg_admin_connect() -> psycopg.Connection[tuple[object, ...]]:
+    errors = []
+    for dbname in _PG_ADMIN_DATABASES:
+        try:
+            return psycopg.connect(f"{PG_DSN} dbname={dbname}", autocommit=True)
+        except psycopg.OperationalError as e:
+            first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            errors.append(f"{dbname}: {first_line}")
+    message = f"no PostgreSQL server answers at '{PG_DSN}' ({'; '.join(errors)})"
+    if _in_ci():
+        pytest.fail(f"{message}; CI=true requires PostgreSQL", pytrace=False)
+    pytest.skip(f"{message}; start one or set TIDEGATE_TEST_PG_DSN (CI fails instead of skipping)")
+
+
+def _sqlalchemy_url(dbname: str) -> str:
+    params = psycopg.conninfo.conninfo_to_dict(PG_DSN)
+    user = params.get("user", "postgres")
+    host = params.get("host", "127.0.0.1")
+    port = params.get("port", 5432)
+    password = f":{params['password']}" if params.get("password") else ""
+    return f"postgresql+psycopg://{user}{password}@{host}:{port}/{dbname}"
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """SQLAlchemy URL of a fresh PostgreSQL database created for this test session."""
+    name = f"tidegate_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with _pg_admin_connect() as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield _sqlalchemy_url(name)
+    finally:
+        with _pg_admin_connect() as admin:
+            # FORCE: a test that failed mid-way may have left a connection open.
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _reset_postgres(url: str) -> None:
+    dbname = url.rsplit("/", 1)[1]
+    with psycopg.connect(f"{PG_DSN} dbname={dbname}", autocommit=True) as conn:
+        # Fail fast instead of hanging if a previous test leaked a connection holding locks.
+        conn.execute("SET lock_timeout = '10s'")
+        conn.execute("DROP SCHEMA public CASCADE")
+        conn.execute("CREATE SCHEMA public")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """URL of an empty database, not migrated: a SQLite file, then PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'tidegate.db'}"
+    url: str = request.getfixturevalue("postgres_url")
+    _reset_postgres(url)
+    return url
+
+
+@pytest.fixture
+def migrated_db_url(db_url: str) -> str:
+    """``db_url`` migrated to the head revision."""
+    upgrade(db_url)
+    return db_url
+
+
+@pytest.fixture
+def repo(migrated_db_url: str) -> Iterator[Repository]:
+    """A repository on a migrated, empty database (closed after the test)."""
+    repository = Repository(migrated_db_url)
+    try:
+        yield repository
+    finally:
+        repository.close()
+
+
+@pytest.fixture
+def pg_url(postgres_url: str) -> str:
+    """URL of an empty PostgreSQL database, not migrated (for tests that run on PostgreSQL only;
+    mark them ``@pytest.mark.postgres``)."""
+    _reset_postgres(postgres_url)
+    return postgres_url

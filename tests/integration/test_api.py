@@ -1,0 +1,171 @@
+"""The admin API, served by a real uvicorn server on 127.0.0.1 in front of a real daemon (simulated
+fleet, SQLite decision log, manual clock), exercised over HTTP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from controller.auth import TokenAuth
+from controller.runtime import Runtime
+from tests.integration.daemon_harness import Harness, build_harness
+
+ADMIN = "s3cret-admin"
+VIEWER = "s3cret-viewer"
+MODEL = "llama3-70b-fp8"
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Harness, httpx.Client]]:
+    h = build_harness(tmp_path)
+    auth = TokenAuth.from_config(h.config.api, {"TIDEGATE_ADMIN_TOKENS": f"alice:{ADMIN}",
+                                                "TIDEGATE_VIEWER_TOKENS": f"victor:{VIEWER}"})
+    rt = Runtime(daemon=h.daemon, auth=auth)
+    rt.serve_api("127.0.0.1", 0)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{rt.api_port}", timeout=10) as client:
+            yield h, client
+    finally:
+        rt.stop()
+
+
+def _h(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_open_probes_and_metrics(served: tuple[Harness, httpx.Client]) -> None:
+    h, c = served
+    assert c.get("/healthz").status_code == 200
+    r = c.get("/readyz")
+    assert r.status_code == 503 and r.json()["ready"] is False  # no tick yet
+    h.run(10)
+    r = c.get("/readyz")
+    assert r.status_code == 200, r.text
+    text = c.get("/metrics").text
+    assert "tidegate_ticks_total" in text and 'tidegate_replicas{model="llama3-70b-fp8",pool="onprem-h100",state="desired"}' in text
+
+
+@pytest.mark.parametrize("method,path", [("GET", "/v1/status"), ("GET", "/v1/decisions"), ("GET", "/v1/overrides"),
+                                         ("GET", "/v1/policies"), ("POST", "/v1/pause"), ("POST", "/v1/policies/reload")])
+def test_401_without_or_with_a_wrong_token(served: tuple[Harness, httpx.Client], method: str, path: str) -> None:
+    _, c = served
+    assert c.request(method, path).status_code == 401
+    assert c.request(method, path, headers=_h("nope")).status_code == 401
+
+
+@pytest.mark.parametrize("method,path,body", [
+    ("POST", "/v1/pause", None), ("POST", "/v1/resume", None), ("POST", "/v1/policies/reload", None),
+    ("POST", "/v1/overrides", {"kind": "freeze", "model": MODEL, "reason": "x"}),
+    ("DELETE", "/v1/overrides/1", None),
+])
+def test_403_for_a_viewer_on_every_write(served: tuple[Harness, httpx.Client], method: str, path: str, body) -> None:
+    _, c = served
+    r = c.request(method, path, headers=_h(VIEWER), json=body)
+    assert r.status_code == 403, r.text
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"kind": "pin", "model": MODEL, "reason": "r"}, None),                       # pin without replicas
+    ({"kind": "teleport", "model": MODEL, "reason": "r"}, "kind"),
+    ({"kind": "pin", "model": MODEL, "replicas": -1, "reason": "r"}, "replicas"),
+    ({"kind": "pin", "model": MODEL, "replicas": 3}, "reason"),
+    ({"kind": "pin", "model": "nope", "replicas": 3, "reason": "r"}, "model"),
+    ({"kind": "drain-pool", "model": MODEL, "pool": "moon", "reason": "r"}, "pool"),
+    ({"kind": "pin", "model": MODEL, "replicas": 99, "reason": "r"}, "replicas"),  # over the policy's hard max
+    ({"kind": "bounds", "model": MODEL, "min_replicas": 5, "max_replicas": 2, "reason": "r"}, None),
+    ({"kind": "freeze", "model": MODEL, "reason": "r", "colour": "red"}, "colour"),
+])
+def test_422_names_the_bad_field(served: tuple[Harness, httpx.Client], body, field) -> None:
+    _, c = served
+    r = c.post("/v1/overrides", headers=_h(ADMIN), json=body)
+    assert r.status_code == 422, r.text
+    if field is not None:
+        assert any(field in [str(x) for x in e["loc"]] for e in r.json()["detail"]), r.json()
+
+
+def test_pin_with_ttl_applies_then_expires_by_itself(served: tuple[Harness, httpx.Client]) -> None:
+    h, c = served
+    h.run(120)
+    r = c.post("/v1/overrides", headers=_h(ADMIN), json={"kind": "pin", "model": MODEL, "replicas": 7, "ttl_s": 60,
+                                                         "reason": "load test"})
+    assert r.status_code == 201, r.text
+    ov = r.json()
+    assert ov["author"] == "alice"
+    h.run(30)
+    last = c.get("/v1/decisions", headers=_h(VIEWER), params={"limit": 1}).json()["items"][0]
+    assert last["replicas"] == 7 and last["reason"] == "OverridePin"
+    assert [o["id"] for o in c.get("/v1/overrides", headers=_h(VIEWER)).json()["items"]] == [ov["id"]]
+    h.run(40)  # past the TTL: nobody deleted it
+    last = c.get("/v1/decisions", headers=_h(VIEWER), params={"limit": 1}).json()["items"][0]
+    assert last["reason"] != "OverridePin"
+    assert c.get("/v1/overrides", headers=_h(VIEWER)).json()["items"] == []
+    audit = c.get("/v1/audit", headers=_h(VIEWER)).json()["items"]
+    assert any(a["action"] == "override.create" and a["author"] == "alice" for a in audit)
+
+
+def test_freeze_then_delete(served: tuple[Harness, httpx.Client]) -> None:
+    h, c = served
+    h.run(60)
+    ov = c.post("/v1/overrides", headers=_h(ADMIN), json={"kind": "freeze", "model": MODEL, "reason": "incident"}).json()
+    h.run(600)
+    rows = c.get("/v1/decisions", headers=_h(VIEWER), params={"limit": 100}).json()["items"]
+    assert all(not r["actuate"] for r in rows[:100])
+    assert c.delete(f"/v1/overrides/{ov['id']}", headers=_h(ADMIN)).status_code == 204
+    assert c.delete(f"/v1/overrides/{ov['id']}", headers=_h(ADMIN)).status_code == 404
+    h.run(10)
+    assert c.get("/v1/decisions", headers=_h(VIEWER), params={"limit": 1}).json()["items"][0]["actuate"]
+
+
+def test_pause_resume_and_status(served: tuple[Harness, httpx.Client]) -> None:
+    h, c = served
+    h.run(30)
+    assert c.post("/v1/pause", headers=_h(ADMIN), json={"reason": "maintenance"}).json() == {"paused": True}
+    h.run(10)
+    last = c.get("/v1/decisions", headers=_h(VIEWER), params={"limit": 1}).json()["items"][0]
+    assert not last["actuate"] and last["reason"] == "Paused"
+    st = c.get("/v1/status", headers=_h(VIEWER)).json()
+    assert st["paused"] is True
+    pools = st["models"][MODEL]["pools"]
+    assert set(pools) == {"onprem-h100", "aws-spot-p5", "gcp-spot-a3", "aws-od-p5"}
+    assert c.post("/v1/resume", headers=_h(ADMIN)).json() == {"paused": False}
+    h.run(10)
+    assert c.get("/v1/decisions", headers=_h(VIEWER), params={"limit": 1}).json()["items"][0]["actuate"]
+
+
+def test_decisions_paginate_filter_and_show_the_trace(served: tuple[Harness, httpx.Client]) -> None:
+    h, c = served
+    h.run(300)
+    page1 = c.get("/v1/decisions", headers=_h(VIEWER), params={"limit": 25}).json()
+    page2 = c.get("/v1/decisions", headers=_h(VIEWER), params={"limit": 25, "before_id": page1["next_before_id"]}).json()
+    ids1 = [r["id"] for r in page1["items"]]
+    ids2 = [r["id"] for r in page2["items"]]
+    assert len(ids1) == 25 and len(ids2) == 25 and max(ids2) < min(ids1)
+    assert ids1 == sorted(ids1, reverse=True)
+    since = page2["items"][-1]["at"]
+    until = page1["items"][0]["at"]
+    window = c.get("/v1/decisions", headers=_h(VIEWER), params={"since": since, "until": until, "limit": 1000}).json()["items"]
+    assert len(window) == 49  # inclusive since, exclusive until
+    assert c.get("/v1/decisions", headers=_h(VIEWER), params={"model": "nope"}).status_code == 422
+    assert c.get("/v1/decisions", headers=_h(VIEWER), params={"since": "yesterday"}).status_code == 422
+    one = c.get(f"/v1/decisions/{ids1[0]}", headers=_h(VIEWER)).json()
+    assert one["trace"] and one["signals"] and "recommendations" in one
+    assert c.get("/v1/decisions/999999", headers=_h(VIEWER)).status_code == 404
+
+
+def test_policies_reload_keeps_last_good_and_shows_errors(served: tuple[Harness, httpx.Client]) -> None:
+    h, c = served
+    h.run(10)
+    before = c.get("/v1/policies", headers=_h(VIEWER)).json()
+    (h.policies_dir / "broken.yaml").write_text("apiVersion: tidegate/v1\nkind: ScalingPolicy\nmetadata: {name: b}\n"
+                                                "spec:\n  model: llama3-70b-fp8\n  rules:\n    - kind: warp-drive\n")
+    r = c.post("/v1/policies/reload", headers=_h(ADMIN))
+    assert r.status_code == 200
+    body = c.get("/v1/policies", headers=_h(VIEWER)).json()
+    assert "warp-drive" in str(body) and "broken.yaml" in str(body)
+    h.run(10)
+    last = c.get("/v1/decisions", headers=_h(VIEWER), params={"limit": 1}).json()["items"][0]
+    assert last["policy_version"] == h.daemon.policy_store.policies()[MODEL].version
+    assert str(before) != str(body)

@@ -1,0 +1,362 @@
+"""Placement: table-driven cases for each rule, and hypothesis properties over random fleets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controller.core.model import ModelSpec, PoolKind, PoolSpec, PoolState, ReplicaCapacity
+from controller.core.placement import place, placement_cost, pool_price, preferred_pool
+from controller.core.reasons import Reason
+from controller.core.spec import Placement
+
+ONPREM, AWS_SPOT, GCP_SPOT, AWS_OD = PoolKind.ONPREM, PoolKind.AWS_SPOT, PoolKind.GCP_SPOT, PoolKind.AWS_ONDEMAND
+
+
+def model_for(pools: dict[str, PoolSpec], tp: int = 1, gpus: tuple[str, ...] = ("A100",)) -> ModelSpec:
+    return ModelSpec(name="m", tp_degree=tp, quantization="fp8", gpu_types=gpus, cold_start_s=60,
+                     capacity={g: ReplicaCapacity(1000.0, 2.0) for g in gpus}, pools=tuple(pools))
+
+
+def pool(name: str, kind: PoolKind, price: float, *, gpus: int = 1, nodes: int = 4, gpu: str = "A100",
+         priority: int = 0) -> PoolSpec:
+    return PoolSpec(name=name, kind=kind, gpu_type=gpu, gpus_per_node=gpus, max_nodes=nodes,
+                    price_per_node_hour_usd=price, priority=priority)
+
+
+def fleet(*specs: PoolSpec) -> dict[str, PoolSpec]:
+    return {p.name: p for p in specs}
+
+
+def states(current: dict[str, int], **extra: dict) -> dict[str, PoolState]:
+    out = {}
+    for name, replicas in current.items():
+        kw = {"ready_replicas": replicas, **extra.get(name.replace("-", "_"), {})}
+        out[name] = PoolState(pool=name, replicas=replicas, **kw)
+    return out
+
+
+STD = fleet(
+    pool("onprem", ONPREM, 4.0, nodes=2),
+    pool("spot-a", AWS_SPOT, 2.0),
+    pool("spot-b", GCP_SPOT, 3.0),
+    pool("od", AWS_OD, 10.0),
+)
+
+
+def run(pools: dict[str, PoolSpec], current: dict[str, int], total: int, *, tp: int = 1,
+        spec: Placement | None = None, cap: float | None = None, extra: dict | None = None, **kw):
+    model = model_for(pools, tp=tp)
+    sts = states({n: current.get(n, 0) for n in pools}, **(extra or {}))
+    return place(model=model, pools=pools, states=sts, total=total, placement=spec or Placement(),
+                 max_cost_per_hour_usd=cap, **kw)
+
+
+# -- table-driven cases ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("current", "total", "spec", "expected", "reason"),
+    [
+        # on-prem first, then spot spread over the two cheapest, on-demand last
+        ({}, 2, Placement(), {"onprem": 2, "spot-a": 0, "spot-b": 0, "od": 0}, Reason.PLACED),
+        ({}, 3, Placement(), {"onprem": 2, "spot-a": 1, "spot-b": 0, "od": 0}, Reason.PLACED),
+        ({}, 6, Placement(), {"onprem": 2, "spot-a": 2, "spot-b": 2, "od": 0}, Reason.PLACED),
+        # spread disabled (1 pool): cheapest spot takes everything it can
+        ({}, 6, Placement(spot_spread_min_pools=1), {"onprem": 2, "spot-a": 4, "spot-b": 0, "od": 0}, Reason.PLACED),
+        # spot full: on-demand fallback
+        ({}, 11, Placement(), {"onprem": 2, "spot-a": 4, "spot-b": 4, "od": 1}, Reason.ON_DEMAND_FALLBACK),
+        # on-demand not allowed: capacity exhausted
+        ({}, 11, Placement(allow_on_demand=False), {"onprem": 2, "spot-a": 4, "spot-b": 4, "od": 0},
+         Reason.CAPACITY_EXHAUSTED),
+        # everything full
+        ({}, 20, Placement(), {"onprem": 2, "spot-a": 4, "spot-b": 4, "od": 4}, Reason.CAPACITY_EXHAUSTED),
+        # scale-in: on-demand first, then the dearer spot, on-prem last
+        ({"onprem": 2, "spot-a": 2, "spot-b": 2, "od": 2}, 5, Placement(),
+         {"onprem": 2, "spot-a": 2, "spot-b": 1, "od": 0}, Reason.PLACED),
+        ({"onprem": 2, "spot-a": 2, "spot-b": 2, "od": 2}, 1, Placement(),
+         {"onprem": 1, "spot-a": 0, "spot-b": 0, "od": 0}, Reason.PLACED),
+        # no change keeps the current placement even if it is not the cheapest (no churn)
+        ({"onprem": 0, "spot-a": 0, "spot-b": 1, "od": 1}, 2, Placement(),
+         {"onprem": 0, "spot-a": 0, "spot-b": 1, "od": 1}, Reason.PLACED),
+        # policy restricts pools: replicas outside move in
+        ({"od": 2}, 2, Placement(pools=("onprem", "spot-a")),
+         {"onprem": 2, "spot-a": 0, "spot-b": 0, "od": 0}, Reason.POOL_UNAVAILABLE),
+    ],
+)
+def test_place_table(current, total, spec, expected, reason) -> None:
+    res = run(STD, current, total, spec=spec)
+    assert res.replicas == expected
+    assert res.reason == reason.value
+    assert res.cost_per_hour_usd == pytest.approx(placement_cost(model_for(STD), STD, {}, expected))
+
+
+def test_tp_packing_and_cost_by_whole_nodes() -> None:
+    # 8-GPU nodes at TP 4: 2 replicas per node; 3 replicas need 2 nodes.
+    pools = fleet(pool("onprem", ONPREM, 0.0, gpus=8, nodes=1), pool("spot", AWS_SPOT, 20.0, gpus=8, nodes=3))
+    res = run(pools, {}, 5, tp=4)
+    assert res.replicas == {"onprem": 2, "spot": 3}
+    assert res.cost_per_hour_usd == pytest.approx(2 * 20.0)
+    # a pool with fewer GPUs per node than TP cannot host a replica at all
+    small = fleet(pool("l4", AWS_SPOT, 1.0, gpus=2, nodes=10), pool("big", GCP_SPOT, 50.0, gpus=8, nodes=1))
+    res = run(small, {"l4": 3}, 3, tp=4)
+    assert res.replicas == {"l4": 0, "big": 2}
+    assert res.capacity_limited and res.reason == Reason.CAPACITY_EXHAUSTED.value
+
+
+def test_wrong_gpu_type_is_unusable() -> None:
+    pools = fleet(pool("h100", AWS_SPOT, 1.0, gpu="H100"), pool("a100", GCP_SPOT, 9.0))
+    model = model_for(pools, gpus=("A100",))
+    res = place(model=model, pools=pools, states=states({"h100": 2, "a100": 0}), total=2)
+    assert res.replicas == {"h100": 0, "a100": 2}
+    assert res.reason == Reason.POOL_UNAVAILABLE.value
+
+
+def test_interrupted_replicas_are_replaced_elsewhere_now() -> None:
+    res = run(STD, {"onprem": 2, "spot-a": 3, "spot-b": 1}, 6,
+              extra={"spot_a": {"interrupted_replicas": 2}})
+    assert res.interrupted_removed == 2
+    assert res.interrupted_replaced == 2
+    # the interrupted pool takes no new replicas this tick: they go to the other spot pool
+    assert res.replicas == {"onprem": 2, "spot-a": 1, "spot-b": 3, "od": 0}
+    assert res.reason == Reason.SPOT_INTERRUPTED.value
+
+
+def test_interrupted_not_replaced_when_total_drops() -> None:
+    res = run(STD, {"onprem": 2, "spot-a": 2}, 3, extra={"spot_a": {"interrupted_replicas": 1}})
+    assert res.replicas == {"onprem": 2, "spot-a": 1, "spot-b": 0, "od": 0}
+    assert (res.interrupted_removed, res.interrupted_replaced) == (1, 0)
+
+
+def test_unavailable_pool_keeps_ready_and_gets_no_new() -> None:
+    res = run(STD, {"onprem": 2, "spot-a": 3}, 6,
+              extra={"spot_a": {"available": False, "ready_replicas": 1, "unavailable_reason": "unschedulable"}})
+    assert res.replicas == {"onprem": 2, "spot-a": 1, "spot-b": 3, "od": 0}
+    assert res.reason == Reason.SPOT_POOL_UNAVAILABLE.value
+    assert any("unschedulable" in msg for _, msg in res.events)
+
+
+def test_unavailable_pool_with_unknown_readiness_keeps_its_replicas() -> None:
+    res = run(STD, {"onprem": 2, "spot-a": 3}, 5, spec=Placement(spot_spread_min_pools=1),
+              extra={"spot_a": {"available": False, "ready_replicas": None}})
+    assert res.replicas == {"onprem": 2, "spot-a": 3, "spot-b": 0, "od": 0}
+
+
+def test_spot_pool_with_too_many_recent_interruptions_is_avoided() -> None:
+    spec = Placement(max_recent_interruptions=2)
+    res = run(STD, {"onprem": 2}, 4, spec=spec, extra={"spot_a": {"recent_interruptions": 3}})
+    assert res.replicas == {"onprem": 2, "spot-a": 0, "spot-b": 2, "od": 0}
+    assert any(code == Reason.SPOT_POOL_UNAVAILABLE.value for code, _ in res.events)
+    at_limit = run(STD, {"onprem": 2}, 4, spec=spec, extra={"spot_a": {"recent_interruptions": 2}})
+    assert at_limit.replicas == {"onprem": 2, "spot-a": 1, "spot-b": 1, "od": 0}
+
+
+def test_live_spot_price_reorders_pools() -> None:
+    res = run(STD, {"onprem": 2}, 3, spec=Placement(spot_spread_min_pools=1),
+              extra={"spot_a": {"price_per_node_hour_usd": 7.5}})
+    assert res.replicas == {"onprem": 2, "spot-a": 0, "spot-b": 1, "od": 0}
+    assert pool_price(STD["spot-a"], PoolState("spot-a", 0, price_per_node_hour_usd=7.5)) == 7.5
+    assert pool_price(STD["spot-a"], PoolState("spot-a", 0)) == 2.0
+
+
+def test_drained_pool_empties_and_its_replicas_move() -> None:
+    res = run(STD, {"onprem": 2, "spot-a": 2, "spot-b": 2}, 6, drained={"spot-a"})
+    assert res.replicas["spot-a"] == 0
+    assert res.total == 6
+    assert res.reason == Reason.OVERRIDE_DRAIN.value
+
+
+def test_pinned_pool_is_exact_and_the_rest_goes_elsewhere() -> None:
+    res = run(STD, {"onprem": 2, "spot-a": 2}, 5, pinned={"od": 3})
+    assert res.replicas == {"onprem": 2, "spot-a": 0, "spot-b": 0, "od": 3}
+    # pins beyond capacity are capped
+    res = run(STD, {}, 2, pinned={"od": 9})
+    assert res.replicas["od"] == 4
+
+
+def test_spread_repair_moves_one_replica() -> None:
+    # Everything on spot-b (kept from before): spot-a is open, so one replica moves there.
+    res = run(STD, {"onprem": 2, "spot-b": 3}, 5)
+    assert res.replicas == {"onprem": 2, "spot-a": 1, "spot-b": 2, "od": 0}
+    assert res.total == 5
+
+
+def test_budget_stops_additions_before_the_cap() -> None:
+    # onprem 2 x $4 = $8, spot-a $2 each: cap $13 leaves room for 2 spot replicas, not 3.
+    res = run(STD, {}, 8, cap=13.0)
+    assert res.total == 4 and res.cost_per_hour_usd <= 13.0
+    assert res.budget_limited and res.reason == Reason.BUDGET_CAP_REACHED.value
+
+
+def test_budget_trims_cloud_before_onprem() -> None:
+    res = run(STD, {"onprem": 2, "spot-a": 2, "od": 2}, 6, cap=9.0)
+    assert res.replicas == {"onprem": 2, "spot-a": 0, "spot-b": 0, "od": 0}
+    assert res.budget_removed == 4
+    # only when the cloud is empty does the budget take on-prem replicas
+    res = run(STD, {"onprem": 2, "spot-a": 2}, 4, cap=5.0)
+    assert res.replicas == {"onprem": 1, "spot-a": 0, "spot-b": 0, "od": 0}
+
+
+def test_budget_prefers_cheaper_pool_when_preferred_node_does_not_fit() -> None:
+    # The on-prem node costs $30 (8 replicas): over the $10 cap; two $4 spot nodes fit.
+    pools = fleet(pool("onprem", ONPREM, 30.0, gpus=8, nodes=1), pool("spot", AWS_SPOT, 4.0, nodes=4))
+    res = run(pools, {}, 3, cap=10.0)
+    assert res.replicas == {"onprem": 0, "spot": 2}
+    assert res.budget_limited
+
+
+def test_preferred_pool() -> None:
+    model = model_for(STD)
+    assert preferred_pool(model, STD, {}) == "onprem"
+    no_onprem = {k: v for k, v in STD.items() if k != "onprem"}
+    assert preferred_pool(model_for(no_onprem), no_onprem, {}) == "spot-a"
+    assert preferred_pool(model_for(no_onprem), no_onprem,
+                          {"spot-a": PoolState("spot-a", 0, price_per_node_hour_usd=99.0)}) == "spot-b"
+
+
+# -- properties -----------------------------------------------------------------------------------
+
+GPU_TYPES = ("A100", "H100", "L4")
+
+
+@dataclass
+class Scenario:
+    model: ModelSpec
+    pools: dict[str, PoolSpec]
+    states: dict[str, PoolState]
+    spec: Placement
+    total: int
+    cap: float | None
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, with_cap: bool | None = None) -> Scenario:
+    tp = draw(st.sampled_from([1, 2, 4, 8]))
+    model_gpus = tuple(draw(st.lists(st.sampled_from(GPU_TYPES), min_size=1, max_size=3, unique=True)))
+    kinds = ([ONPREM] * draw(st.integers(0, 2)) + [draw(st.sampled_from([AWS_SPOT, GCP_SPOT]))
+             for _ in range(draw(st.integers(2, 4)))] + [AWS_OD] * draw(st.integers(0, 2)))
+    pools: dict[str, PoolSpec] = {}
+    sts: dict[str, PoolState] = {}
+    for i, kind in enumerate(kinds):
+        name = f"p{i}-{kind.value}"
+        gpu = draw(st.sampled_from(model_gpus)) if draw(st.integers(0, 9)) else draw(st.sampled_from(GPU_TYPES))
+        spec = PoolSpec(
+            name=name, kind=kind, gpu_type=gpu, gpus_per_node=draw(st.sampled_from([1, 2, 4, 8])),
+            max_nodes=draw(st.integers(0, 5)),
+            price_per_node_hour_usd=draw(st.integers(0 if kind is ONPREM else 1, 60)) / 2,
+            priority=draw(st.integers(0, 1)),
+        )
+        pools[name] = spec
+        replicas = draw(st.integers(0, 12))
+        spot = kind.is_spot
+        sts[name] = PoolState(
+            pool=name, replicas=replicas,
+            ready_replicas=draw(st.one_of(st.none(), st.integers(0, replicas))),
+            available=draw(st.integers(0, 4)) > 0,
+            interrupted_replicas=draw(st.integers(0, 2)) if spot else 0,
+            recent_interruptions=draw(st.integers(0, 5)) if spot else 0,
+            price_per_node_hour_usd=draw(st.one_of(st.none(), st.integers(1, 80).map(lambda c: c / 2)))
+            if spot else None,
+        )
+    model = ModelSpec(name="m", tp_degree=tp, quantization="fp8", gpu_types=model_gpus, cold_start_s=60,
+                      capacity={g: ReplicaCapacity(100.0, 1.0) for g in model_gpus}, pools=tuple(pools))
+    spec = Placement(spot_spread_min_pools=draw(st.integers(1, 3)), allow_on_demand=draw(st.booleans()),
+                     max_recent_interruptions=draw(st.integers(0, 4)))
+    if with_cap is None:
+        with_cap = draw(st.booleans())
+    cap = draw(st.integers(1, 400)) / 2 if with_cap else None
+    return Scenario(model, pools, sts, spec, draw(st.integers(0, 40)), cap)
+
+
+def _place(sc: Scenario):
+    return place(model=sc.model, pools=sc.pools, states=sc.states, total=sc.total, placement=sc.spec,
+                 max_cost_per_hour_usd=sc.cap)
+
+
+def _accepts(sc: Scenario, name: str) -> bool:
+    """A pool that may take new replicas, derived from the inputs (the documented rules)."""
+    spec, state = sc.pools[name], sc.states[name]
+    per_node = spec.replicas_per_node(sc.model)
+    return (per_node > 0 and spec.max_nodes > 0 and state.available
+            and not (spec.kind.is_spot and state.recent_interruptions > sc.spec.max_recent_interruptions)
+            and not (state.interrupted_replicas > 0 and (state.replicas or 0) > 0))
+
+
+PROPS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPS
+@given(scenarios())
+def test_prop_capacity_packing_budget_and_cost(sc: Scenario) -> None:
+    res = _place(sc)
+    assert set(res.replicas) == set(sc.pools)
+    for name, replicas in res.replicas.items():
+        spec = sc.pools[name]
+        assert replicas >= 0
+        # never more GPUs than the pool has, and whole replicas packed on whole nodes
+        assert replicas * sc.model.tp_degree <= spec.max_nodes * spec.gpus_per_node
+        assert replicas <= spec.max_nodes * (spec.gpus_per_node // sc.model.tp_degree)
+        if spec.gpu_type not in sc.model.gpu_types:
+            assert replicas == 0
+    assert res.cost_per_hour_usd == pytest.approx(placement_cost(sc.model, sc.pools, sc.states, res.replicas))
+    if sc.cap is not None:
+        assert res.cost_per_hour_usd <= sc.cap + 1e-6
+    assert res.total <= sc.total
+    if not res.capacity_limited and not res.budget_limited:
+        assert res.total == sc.total
+
+
+@PROPS
+@given(scenarios())
+def test_prop_scale_in_never_takes_onprem_before_cloud(sc: Scenario) -> None:
+    res = _place(sc)
+    cloud = sum(v for n, v in res.replicas.items() if not sc.pools[n].kind.is_onprem)
+    for name, spec in sc.pools.items():
+        if not spec.kind.is_onprem or not sc.states[name].available:
+            continue
+        per_node = spec.replicas_per_node(sc.model)
+        if per_node == 0:
+            continue
+        baseline = min(sc.states[name].replicas or 0, spec.max_nodes * per_node)
+        if res.replicas[name] < baseline:
+            assert cloud == 0, (name, baseline, res.replicas)
+
+
+@PROPS
+@given(scenarios())
+def test_prop_onprem_filled_before_cloud_is_added(sc: Scenario) -> None:
+    res = _place(sc)
+    cloud_now = sum(v for n, v in res.replicas.items() if not sc.pools[n].kind.is_onprem)
+    cloud_before = sum(sc.states[n].replicas or 0 for n in sc.pools if not sc.pools[n].kind.is_onprem)
+    if cloud_now <= cloud_before:
+        return
+    for name, spec in sc.pools.items():
+        if not spec.kind.is_onprem or not _accepts(sc, name):
+            continue
+        room = spec.max_replicas(sc.model) - res.replicas[name]
+        if room > 0:
+            # only the budget may have stopped on-prem: one more replica there would cross the cap
+            assert sc.cap is not None
+            bigger = dict(res.replicas, **{name: res.replicas[name] + 1})
+            assert placement_cost(sc.model, sc.pools, sc.states, bigger) > sc.cap
+
+
+@PROPS
+@given(scenarios(with_cap=False))
+def test_prop_spot_spread(sc: Scenario) -> None:
+    res = _place(sc)
+    spot = [n for n, s in sc.pools.items() if s.kind.is_spot]
+    on_spot = sum(res.replicas[n] for n in spot)
+    k = sc.spec.spot_spread_min_pools
+    holding = [n for n in spot if res.replicas[n] > 0]
+    possible = {n for n in spot if _accepts(sc, n)} | set(holding)
+    if on_spot >= 2 and len(possible) >= 2:
+        assert len(holding) >= min(k, on_spot, len(possible)), res.replicas
+
+
+@settings(max_examples=100, deadline=None)
+@given(scenarios())
+def test_prop_deterministic(sc: Scenario) -> None:
+    assert _place(sc) == _place(sc)

@@ -1,0 +1,621 @@
+"""The simulated providers: protocol conformance, determinism, the load curve, the fleet's delays,
+interruptions and scheduling, the queueing model, prices, idempotent actuation and invariants.
+
+Everything runs on a ``ManualClock``: time moves when the test says so, nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from controller.config import DaemonConfig
+from controller.core.model import ActionStatus, ModelSpec, PoolState, Sample
+from controller.protocols import (
+    MetricsSource, PermanentProviderError, PoolProvider, PriceSource, TransientProviderError,
+)
+from providers.clock import ManualClock
+from providers.sim import (
+    CALL_RESIZE_NODE_GROUP, CALL_SCALE_DEPLOYMENT, NOTICE_S, LoadCurve, LoadShape, SimWorld,
+    SpotPriceWalk, build_simulated_providers, mmc_p99_s,
+)
+
+T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+
+A100 = {"gpu_type": "A100-80GB", "gpus_per_node": 8}
+POOLS: list[dict[str, Any]] = [
+    {"name": "onprem", "kind": "onprem", **A100, "max_nodes": 1, "price_per_node_hour_usd": 10.0},
+    {"name": "aws-spot", "kind": "aws-spot", **A100, "max_nodes": 4, "price_per_node_hour_usd": 12.0,
+     "provisioning_delay_s": 180},
+    {"name": "aws-od", "kind": "aws-ondemand", **A100, "max_nodes": 4, "min_nodes": 1,
+     "price_per_node_hour_usd": 32.0, "provisioning_delay_s": 120},
+    {"name": "gcp-spot", "kind": "gcp-spot", "gpu_type": "L4", "gpus_per_node": 4, "max_nodes": 6,
+     "price_per_node_hour_usd": 3.0, "provisioning_delay_s": 60},
+]
+LLAMA: dict[str, Any] = {
+    "name": "llama", "tp_degree": 2, "quantization": "fp8", "gpu_types": ["A100-80GB", "L4"], "cold_start_s": 90,
+    "capacity": {"A100-80GB": {"output_tokens_per_s": 1000, "requests_per_s": 3},
+                 "L4": {"output_tokens_per_s": 300, "requests_per_s": 2}},
+    "deployments": {p["name"]: {"name": f"llama-{p['name']}"} for p in POOLS},
+}
+MISTRAL: dict[str, Any] = {
+    "name": "mistral", "tp_degree": 4, "quantization": "int4-awq", "gpu_types": ["A100-80GB"], "cold_start_s": 30,
+    "capacity": {"A100-80GB": {"output_tokens_per_s": 2000, "requests_per_s": 6}},
+    "deployments": {"onprem": {"name": "mistral-onprem"}, "aws-spot": {"name": "mistral-spot"}},
+}
+
+
+def make_config(models: list[dict[str, Any]] | None = None, **sim: Any) -> DaemonConfig:
+    providers = {"type": "simulated", "seed": 7, "base_requests_per_s": 2.0, "peak_requests_per_s": 30.0,
+                 "period_s": 3600, **sim}
+    return DaemonConfig.model_validate({"providers": providers, "pools": POOLS, "models": models or [LLAMA]})
+
+
+def make_world(models: list[dict[str, Any]] | None = None, *, initial: Any = None, **sim: Any,
+               ) -> tuple[SimWorld, ManualClock, dict[str, ModelSpec]]:
+    cfg = make_config(models, **sim)
+    clock = ManualClock(T0)
+    world = SimWorld(cfg, clock, initial_replicas=initial)
+    return world, clock, cfg.model_specs()
+
+
+def v(sample: Sample) -> float:
+    """The value of a sample that must be present."""
+    assert sample.value is not None, sample
+    return sample.value
+
+
+def constant_load(rps: float, **more: Any) -> dict[str, Any]:
+    return {"base_requests_per_s": rps, "peak_requests_per_s": rps, **more}
+
+
+# -- protocols and wiring ----------------------------------------------------------------------------
+
+
+def test_providers_implement_the_protocols() -> None:
+    cfg = make_config()
+    sp = build_simulated_providers(cfg, ManualClock(T0))
+    assert isinstance(sp.metrics, MetricsSource)
+    assert isinstance(sp.prices, PriceSource)
+    assert set(sp.pools) == {p["name"] for p in POOLS}
+    for name, provider in sp.pools.items():
+        assert isinstance(provider, PoolProvider)
+        assert provider.pool == cfg.pool_specs()[name]
+    assert sp.world.metrics is sp.metrics and sp.world.prices is sp.prices
+    assert sp.world.pool_provider("aws-spot") is sp.pools["aws-spot"]
+
+
+def test_real_providers_config_is_refused() -> None:
+    cfg = DaemonConfig.model_validate({"providers": {"type": "real"}, "pools": [POOLS[0]], "models": [
+        {**LLAMA, "deployments": {"onprem": {"name": "x"}}}]})
+    with pytest.raises(ValueError, match="simulated"):
+        SimWorld(cfg, ManualClock(T0))
+
+
+def test_initial_world_onprem_one_ready_replica_cloud_pools_at_min_nodes() -> None:
+    world, clock, specs = make_world([LLAMA, MISTRAL])
+    now = clock.now()
+    st_ = {p: world.pool_provider(p).state(specs["llama"], now) for p in ("onprem", "aws-spot", "aws-od", "gcp-spot")}
+    assert (st_["onprem"].replicas, st_["onprem"].ready_replicas, st_["onprem"].nodes) == (1, 1, 1)
+    assert (st_["aws-spot"].replicas, st_["aws-spot"].nodes) == (0, 0)
+    assert (st_["aws-od"].replicas, st_["aws-od"].ready_replicas, st_["aws-od"].nodes) == (0, 0, 1)
+    assert all(s.available and s.at == now for s in st_.values())
+    mistral = world.pool_provider("onprem").state(specs["mistral"], now)
+    assert (mistral.replicas, mistral.ready_replicas) == (1, 1)
+
+
+def test_initial_replicas_argument_replaces_the_default() -> None:
+    world, clock, specs = make_world(initial={"llama": {"onprem": 3, "aws-od": 2}})
+    now = clock.now()
+    assert world.pool_provider("onprem").state(specs["llama"], now).ready_replicas == 3
+    od = world.pool_provider("aws-od").state(specs["llama"], now)
+    # One node (min_nodes) holds 4 TP-2 replicas: both start ready.
+    assert (od.replicas, od.ready_replicas) == (2, 2)
+    with pytest.raises(ValueError, match="nosuch"):
+        make_world(initial={"llama": {"nosuch": 1}})
+
+
+# -- load --------------------------------------------------------------------------------------------
+
+
+def test_load_starts_at_the_trough_and_peaks_mid_period() -> None:
+    curve = LoadCurve(LoadShape(2.0, 30.0, 3600.0), seed=1)
+    assert curve.requests_per_s(0) == pytest.approx(2.0)
+    assert curve.requests_per_s(1800) == pytest.approx(30.0)
+    assert curve.requests_per_s(900) == pytest.approx(16.0)
+    assert curve.requests_per_s(3600) == pytest.approx(2.0)
+    assert curve.requests_per_s(5000) == pytest.approx(curve.requests_per_s(1400))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize(("t0", "t1"), [(0, 10), (100, 3700), (1234.5, 1300.25), (0, 20000), (500, 500)])
+def test_arrivals_is_the_integral_of_the_rate(seed: int, t0: float, t1: float) -> None:
+    curve = LoadCurve(LoadShape(2.0, 30.0, 3600.0, burst_every_s=300, burst_factor=2.0, burst_duration_s=60),
+                      seed=seed)
+    n = 20000
+    h = (t1 - t0) / n
+    # Midpoint rule: exact up to the few steps that straddle a burst edge.
+    numeric = sum(curve.requests_per_s(t0 + (i + 0.5) * h) for i in range(n)) * h
+    assert curve.arrivals(t0, t1) == pytest.approx(numeric, rel=2e-3, abs=1e-9)
+
+
+def test_bursts_multiply_the_load_and_are_seeded() -> None:
+    shape = LoadShape(10.0, 10.0, 3600.0, burst_every_s=600, burst_factor=1.5, burst_duration_s=120)
+    a, b, c = LoadCurve(shape, seed=7), LoadCurve(shape, seed=7), LoadCurve(shape, seed=8)
+    horizon = 600.0 * 500
+    bursts = a.bursts_overlapping(0, horizon)
+    assert bursts == b.bursts_overlapping(0, horizon)
+    assert bursts != c.bursts_overlapping(0, horizon)
+    assert LoadCurve(shape, seed=7, stream="other").bursts_overlapping(0, horizon) != bursts
+    start, end = bursts[0]
+    mid = (start + end) / 2
+    assert a.in_burst(mid) and a.requests_per_s(mid) == pytest.approx(15.0)
+    assert not a.in_burst(end) or any(s <= end < e for s, e in bursts[1:])
+    # Burst time over a long horizon matches the Poisson model: the fraction of time in a burst
+    # is 1 - exp(-duration / mean_gap) (~18%); the seed is fixed, so this cannot flake.
+    busy = sum(min(e, horizon) - max(s, 0.0) for s, e in bursts) / horizon
+    assert busy == pytest.approx(1 - math.exp(-120 / 600), abs=0.02)
+
+
+def test_load_is_a_pure_function_of_time_not_of_query_order() -> None:
+    shape = LoadShape(2.0, 30.0, 3600.0, burst_every_s=300, burst_factor=2.0, burst_duration_s=90)
+    ts = [i * 37.3 for i in range(500)]
+    forward = [LoadCurve(shape, seed=3).requests_per_s(t) for t in ts]
+    backward_curve = LoadCurve(shape, seed=3)
+    backward = [backward_curve.requests_per_s(t) for t in reversed(ts)][::-1]
+    assert forward == backward
+
+
+# -- determinism -------------------------------------------------------------------------------------
+
+
+def run_scenario(seed: int) -> list[Any]:
+    world, clock, specs = make_world([LLAMA, MISTRAL], seed=seed, burst_every_s=400, burst_factor=2.0,
+                                     interruptions_per_node_hour=3.0)
+    llama = specs["llama"]
+    record: list[Any] = []
+    plan = {0: ("aws-spot", 6, 2), 60: ("gcp-spot", 4, 2), 240: ("aws-od", 3, 1), 400: ("aws-spot", 2, 1)}
+    for i in range(480):
+        now = clock.advance(5)
+        if i in plan:
+            pool, r, n = plan[i]
+            world.pool_provider(pool).scale(llama, r, n, now)
+        record.append(world.metrics.observe(list(specs.values()), now))
+        record.append([world.pool_provider(p).state(llama, now) for p in ("aws-spot", "gcp-spot", "aws-od")])
+        record.append(world.prices.prices(list(world.pool_specs.values()), now))
+    return record
+
+
+def test_same_seed_same_world_different_seed_different_world() -> None:
+    first, again, other = run_scenario(11), run_scenario(11), run_scenario(12)
+    assert first == again
+    assert first != other
+
+
+# -- actuation ---------------------------------------------------------------------------------------
+
+
+def test_cloud_scale_out_orders_nodes_first_and_repeating_it_is_a_noop() -> None:
+    world, clock, specs = make_world()
+    llama, spot = specs["llama"], world.pool_provider("aws-spot")
+    now = clock.advance(10)
+    first = spot.scale(llama, 6, 2, now)
+    assert [(a.call, a.status) for a in first] == [
+        (CALL_RESIZE_NODE_GROUP, ActionStatus.OK), (CALL_SCALE_DEPLOYMENT, ActionStatus.OK)]
+    assert first[0].arguments["nodes"] == 2 and first[1].arguments["replicas"] == 6
+    assert all(a.pool == "aws-spot" and a.model == "llama" for a in first)
+    state_after_first = spot.state(llama, now)
+    signals_after_first = world.metrics.observe([llama], now)
+    second = spot.scale(llama, 6, 2, now)
+    assert [(a.call, a.status) for a in second] == [
+        (CALL_RESIZE_NODE_GROUP, ActionStatus.NOOP), (CALL_SCALE_DEPLOYMENT, ActionStatus.NOOP)]
+    assert spot.state(llama, now) == state_after_first
+    assert world.metrics.observe([llama], now) == signals_after_first
+    # Later, once everything is up, the same call is still harmless.
+    later = clock.advance(1000)
+    before = spot.state(llama, later)
+    assert all(a.status is ActionStatus.NOOP for a in spot.scale(llama, 6, 2, later))
+    assert spot.state(llama, later) == before
+    assert world.actions[-2:] == list(spot.scale(llama, 6, 2, later))
+
+
+def test_cloud_scale_in_removes_replicas_before_nodes_and_keeps_the_rest_serving() -> None:
+    world, clock, specs = make_world()
+    llama, spot = specs["llama"], world.pool_provider("aws-spot")
+    spot.scale(llama, 8, 2, clock.now())
+    now = clock.advance(180 + 90)
+    assert spot.state(llama, now).ready_replicas == 8
+    actions = spot.scale(llama, 4, 1, now)
+    assert [(a.call, a.status) for a in actions] == [
+        (CALL_SCALE_DEPLOYMENT, ActionStatus.OK), (CALL_RESIZE_NODE_GROUP, ActionStatus.OK)]
+    state = spot.state(llama, now)
+    # The emptied node was released, not a busy one: the 4 kept replicas never stopped serving.
+    assert (state.replicas, state.ready_replicas, state.nodes) == (4, 4, 1)
+
+
+def test_onprem_scale_makes_only_the_deployment_call() -> None:
+    world, clock, specs = make_world()
+    onprem = world.pool_provider("onprem")
+    actions = onprem.scale(specs["llama"], 3, 1, clock.now())
+    assert [(a.call, a.status) for a in actions] == [(CALL_SCALE_DEPLOYMENT, ActionStatus.OK)]
+    assert [a.status for a in onprem.scale(specs["llama"], 3, 1, clock.now())] == [ActionStatus.NOOP]
+
+
+def test_node_group_never_goes_below_min_nodes() -> None:
+    world, clock, specs = make_world()
+    od = world.pool_provider("aws-od")
+    actions = od.scale(specs["llama"], 0, 0, clock.now())
+    assert all(a.status is ActionStatus.NOOP for a in actions)
+    resize = next(a for a in actions if a.call == CALL_RESIZE_NODE_GROUP)
+    assert resize.arguments["nodes"] == 1 and resize.arguments["requested_nodes"] == 0
+    assert od.state(specs["llama"], clock.now()).nodes == 1
+
+
+@pytest.mark.parametrize(("pool", "replicas", "nodes", "match"), [
+    ("aws-spot", -1, 1, "replicas"),
+    ("aws-spot", 1, 5, "max_nodes"),
+    ("aws-spot", 1, -1, "nodes"),
+])
+def test_invalid_scale_requests_are_permanent_errors(pool: str, replicas: int, nodes: int, match: str) -> None:
+    world, clock, specs = make_world()
+    with pytest.raises(PermanentProviderError, match=match):
+        world.pool_provider(pool).scale(specs["llama"], replicas, nodes, clock.now())
+    assert world.actions == []
+
+
+def test_unknown_pool_or_model_is_a_permanent_error() -> None:
+    world, clock, specs = make_world([LLAMA, MISTRAL])
+    with pytest.raises(PermanentProviderError, match="nosuch"):
+        world.pool_provider("nosuch")
+    with pytest.raises(PermanentProviderError, match="no Deployment"):
+        world.pool_provider("gcp-spot").state(specs["mistral"], clock.now())
+    with pytest.raises(PermanentProviderError, match="no Deployment"):
+        world.pool_provider("gcp-spot").scale(specs["mistral"], 1, 1, clock.now())
+
+
+def test_injected_failure_raises_once_changes_nothing_and_is_logged() -> None:
+    world, clock, specs = make_world()
+    spot, llama = world.pool_provider("aws-spot"), specs["llama"]
+    world.fail_next("aws-spot", TransientProviderError("throttled"), call=CALL_RESIZE_NODE_GROUP)
+    with pytest.raises(TransientProviderError, match="throttled"):
+        spot.scale(llama, 4, 1, clock.now())
+    assert (spot.state(llama, clock.now()).replicas, spot.state(llama, clock.now()).nodes) == (0, 0)
+    assert world.actions[-1].status is ActionStatus.FAILED_TRANSIENT
+    assert [a.status for a in spot.scale(llama, 4, 1, clock.now())] == [ActionStatus.OK, ActionStatus.OK]
+
+
+# -- delays ------------------------------------------------------------------------------------------
+
+
+def test_provisioning_delay_then_cold_start_before_ready() -> None:
+    world, clock, specs = make_world()
+    llama, spot = specs["llama"], world.pool_provider("aws-spot")
+    start = clock.advance(30)
+    spot.scale(llama, 2, 1, start)
+    delay_s, cold_s = 180, 90
+
+    def ready_at(offset_s: float) -> PoolState:
+        return spot.state(llama, clock.set(start + timedelta(seconds=offset_s)))
+
+    assert (ready_at(0).replicas, ready_at(0).ready_replicas, ready_at(0).nodes) == (2, 0, 1)
+    assert ready_at(delay_s - 1).ready_replicas == 0
+    assert ready_at(delay_s + cold_s - 1).ready_replicas == 0
+    assert ready_at(delay_s + cold_s).ready_replicas == 2
+
+
+def test_replicas_beyond_node_capacity_stay_pending_until_a_node_is_added() -> None:
+    world, clock, specs = make_world()
+    llama, spot = specs["llama"], world.pool_provider("aws-spot")
+    spot.scale(llama, 6, 1, clock.now())          # one 8-GPU node holds 4 TP-2 replicas
+    up = clock.advance(180 + 90)
+    assert (spot.state(llama, up).replicas, spot.state(llama, up).ready_replicas) == (6, 4)
+    assert spot.state(llama, clock.advance(3600)).ready_replicas == 4  # pending forever, not ready
+    added = clock.now()
+    spot.scale(llama, 6, 2, added)
+    assert spot.state(llama, clock.set(added + timedelta(seconds=269))).ready_replicas == 4
+    assert spot.state(llama, clock.set(added + timedelta(seconds=270))).ready_replicas == 6
+
+
+def test_models_share_a_pools_gpus() -> None:
+    world, clock, specs = make_world([LLAMA, MISTRAL])
+    spot = world.pool_provider("aws-spot")
+    spot.scale(specs["mistral"], 1, 1, clock.now())    # 4 of the node's 8 GPUs
+    spot.scale(specs["llama"], 4, 1, clock.now())      # only 2 of these 4 TP-2 replicas fit
+    now = clock.advance(180 + 90)
+    assert spot.state(specs["mistral"], now).ready_replicas == 1
+    assert spot.state(specs["llama"], now).ready_replicas == 2
+
+
+def test_capacity_shortage_holds_node_orders_and_marks_the_pool_unavailable() -> None:
+    world, clock, specs = make_world()
+    llama, spot = specs["llama"], world.pool_provider("aws-spot")
+    world.inject_capacity_shortage("aws-spot", clock.now(), 600)
+    spot.scale(llama, 2, 1, clock.now())
+    during = spot.state(llama, clock.advance(300))
+    assert not during.available and "InsufficientCapacity" in (during.unavailable_reason or "")
+    assert (during.nodes, during.ready_replicas) == (0, 0)
+    after = spot.state(llama, clock.advance(300))
+    assert after.available and after.nodes == 1 and after.ready_replicas == 0
+    assert spot.state(llama, clock.advance(180 + 90)).ready_replicas == 2
+
+
+def test_world_never_runs_backwards() -> None:
+    world, clock, specs = make_world()
+    llama, spot = specs["llama"], world.pool_provider("aws-spot")
+    spot.scale(llama, 2, 1, clock.now())
+    late = clock.advance(1000)
+    state_late = spot.state(llama, late)
+    early = clock.set(T0 + timedelta(seconds=10))
+    state_early = spot.state(llama, early)
+    assert state_early.ready_replicas == state_late.ready_replicas == 2
+    assert state_early.at == early
+    assert world.time == late
+
+
+# -- spot interruptions ------------------------------------------------------------------------------
+
+
+def first_notice(world: SimWorld, clock: ManualClock, llama: ModelSpec, pool: str) -> tuple[datetime, PoolState]:
+    provider = world.pool_provider(pool)
+    for _ in range(20000):
+        now = clock.advance(1)
+        state = provider.state(llama, now)
+        if state.interrupted_replicas:
+            return now, state
+    raise AssertionError("no interruption notice within the horizon")
+
+
+@pytest.mark.parametrize(("pool", "replicas", "nodes"), [("aws-spot", 8, 2), ("gcp-spot", 6, 3)])
+def test_interruption_notice_then_the_replicas_vanish(pool: str, replicas: int, nodes: int) -> None:
+    world, clock, specs = make_world(interruptions_per_node_hour=1.0)
+    llama, provider = specs["llama"], world.pool_provider(pool)
+    provider.scale(llama, replicas, nodes, clock.now())
+    up_s = world.pool_specs[pool].provisioning_delay_s + llama.cold_start_s
+    settled = provider.state(llama, clock.advance(up_s))
+    assert (settled.ready_replicas, settled.interrupted_replicas, settled.recent_interruptions) == (replicas, 0, 0)
+
+    noticed_at, noticed = first_notice(world, clock, llama, pool)
+    notice_s = NOTICE_S[pool.split("-")[0]]
+    assert noticed.recent_interruptions == 1
+    assert 0 < noticed.interrupted_replicas < replicas
+    assert noticed.ready_replicas == replicas
+    # During the notice the replicas still count, and serve.
+    just_before = provider.state(llama, clock.set(noticed_at + timedelta(seconds=notice_s - 1)))
+    assert just_before == PoolState(**{**_fields(noticed), "at": just_before.at})
+    gone = provider.state(llama, clock.set(noticed_at + timedelta(seconds=notice_s)))
+    # The node vanished with its replicas; the Deployment still wants them all: they are Pending.
+    assert gone.replicas == replicas
+    assert gone.ready_replicas == replicas - noticed.interrupted_replicas
+    assert gone.interrupted_replicas == 0
+    assert gone.recent_interruptions == 1
+    # The node group replaces the lost node: the replicas come back after provisioning + cold start.
+    assert gone.nodes == nodes
+    back = provider.state(llama, clock.advance(up_s))
+    assert (back.nodes, back.ready_replicas) == (nodes, replicas)
+
+
+def _fields(state: PoolState) -> dict[str, Any]:
+    return {f: getattr(state, f) for f in PoolState.__dataclass_fields__}
+
+
+def test_interruptions_do_not_touch_on_demand_or_onprem() -> None:
+    world, clock, specs = make_world(interruptions_per_node_hour=50.0)
+    llama = specs["llama"]
+    world.pool_provider("aws-od").scale(llama, 4, 1, clock.now())
+    now = clock.advance(6 * 3600)
+    for pool in ("aws-od", "onprem"):
+        state = world.pool_provider(pool).state(llama, now)
+        assert state.recent_interruptions == 0 and state.interrupted_replicas == 0
+        assert state.ready_replicas == state.replicas
+
+
+def test_repeated_interruptions_make_a_spot_pool_unavailable_for_a_while() -> None:
+    world, clock, specs = make_world(interruptions_per_node_hour=30.0)
+    llama, spot = specs["llama"], world.pool_provider("aws-spot")
+    spot.scale(llama, 16, 4, clock.now())
+    for _ in range(3600):
+        state = spot.state(llama, clock.advance(1))
+        if not state.available:
+            break
+    assert not state.available
+    assert state.recent_interruptions >= world.unavailable_after_interruptions
+    assert "RepeatedInterruptions" in (state.unavailable_reason or "")
+    spot.scale(llama, 0, 0, clock.now())
+    recovered = spot.state(llama, clock.advance(3601))
+    assert recovered.available and recovered.recent_interruptions == 0
+
+
+# -- queueing model ----------------------------------------------------------------------------------
+
+
+def test_queue_grows_above_capacity_and_drains_when_capacity_is_added() -> None:
+    # 20 req/s against one on-prem replica serving 3 req/s.
+    world, clock, specs = make_world(**constant_load(20.0))
+    llama, onprem = specs["llama"], world.pool_provider("onprem")
+    queues, p99s = [], []
+    for _ in range(6):
+        sig = world.metrics.observe([llama], clock.advance(10))["llama"]
+        queues.append(v(sig.queue_depth))
+        p99s.append(v(sig.p99_latency_ms))
+        assert sig.gpu_utilization_pct.value == pytest.approx(100.0)
+    assert all(b > a for a, b in zip(queues, queues[1:]))
+    assert all(b > a for a, b in zip(p99s, p99s[1:]))
+    # The fluid backlog grows at arrivals minus service: 17 req/s.
+    assert queues[-1] - queues[0] == pytest.approx(17.0 * 50, rel=1e-6)
+    backlog_at_scale = world.totals("llama").queue_depth
+    assert backlog_at_scale == pytest.approx(17.0 * 60)
+    onprem.scale(llama, 4, 1, clock.now())                          # 4 x 3 = 12 req/s: still short
+    world.pool_provider("aws-od").scale(llama, 4, 1, clock.now())   # + 12 on the min node: 24 > 20
+    draining = []
+    for _ in range(120):
+        sig = world.metrics.observe([llama], clock.advance(10))["llama"]
+        draining.append(world.totals("llama").queue_depth)
+    # The queue kept growing during the 90 s cold start (one replica serving), then drains at
+    # 24 - 20 = 4 req/s until it is empty.
+    peak = draining.index(max(draining))
+    assert peak == 8                                                  # 90 s after the scale-out
+    assert draining[peak] == pytest.approx(backlog_at_scale + 17 * 90, rel=1e-6)
+    emptied = draining.index(0.0)
+    assert all(a - b == pytest.approx(40.0) for a, b in zip(draining[peak + 1:emptied - 1], draining[peak + 2:emptied]))
+    assert all(q == 0.0 for q in draining[emptied:])
+    final = world.metrics.observe([llama], clock.now())["llama"]
+    assert final.gpu_utilization_pct.value == pytest.approx(100 * 20 / 24)
+    assert v(final.p99_latency_ms) < p99s[0]
+
+
+def test_more_ready_replicas_mean_lower_queue_and_latency() -> None:
+    results = []
+    for replicas in (7, 8, 10, 14, 20):
+        world, clock, specs = make_world(initial={"llama": {"onprem": 4, "aws-od": replicas - 4}},
+                                         **constant_load(20.0))
+        world.pool_provider("aws-od").scale(specs["llama"], replicas - 4, 4, clock.now())
+        sig = world.metrics.observe([specs["llama"]], clock.advance(600))["llama"]
+        results.append((v(sig.queue_depth), v(sig.p99_latency_ms), v(sig.gpu_utilization_pct)))
+    for (q1, p1, u1), (q2, p2, u2) in zip(results, results[1:]):
+        assert q2 < q1 and p2 < p1 and u2 < u1
+
+
+def test_no_ready_replica_under_load_means_a_growing_queue_and_a_large_p99() -> None:
+    world, clock, specs = make_world(initial={"llama": {"onprem": 0}}, **constant_load(5.0))
+    llama = specs["llama"]
+    first = world.metrics.observe([llama], clock.advance(10))["llama"]
+    second = world.metrics.observe([llama], clock.advance(10))["llama"]
+    assert first.queue_depth.value == pytest.approx(50.0)
+    assert second.queue_depth.value == pytest.approx(100.0)
+    assert v(second.p99_latency_ms) > v(first.p99_latency_ms) > mmc_p99_s(1, 1 / 3, 0.5) * 1000
+    assert second.gpu_utilization_pct.value is None and second.gpu_utilization_pct.reason == "NoReadyReplicas"
+    assert second.output_tokens_per_s.value == 0.0
+    assert second.cost_per_million_tokens_usd.value is None
+    assert second.request_rate_per_s.value == pytest.approx(5.0)
+
+
+def test_rates_and_cost_follow_from_what_is_served() -> None:
+    # 2 req/s on one on-prem replica (3 req/s): nothing queues; the node's $10/h serves 500 tok/s.
+    world, clock, specs = make_world(**constant_load(2.0), mean_output_tokens=250, mean_input_tokens=1000)
+    llama = specs["llama"]
+    now = clock.advance(60)
+    sig = world.metrics.observe([llama], now)["llama"]
+    assert sig.at == now and all(
+        s.at == now for s in (sig.queue_depth, sig.p99_latency_ms, sig.gpu_utilization_pct,
+                              sig.request_rate_per_s, sig.output_tokens_per_s, sig.cost_per_million_tokens_usd))
+    assert sig.output_tokens_per_s.value == pytest.approx(500.0)
+    assert sig.input_tokens_per_s.value == pytest.approx(2000.0)
+    assert sig.gpu_utilization_pct.value == pytest.approx(100 * 2 / 3)
+    assert sig.cost_per_million_tokens_usd.value == pytest.approx(10.0 / (500 * 3600) * 1e6)
+    assert sig.p99_latency_ms.value == pytest.approx(1000 * mmc_p99_s(1, 1 / 3, 2 / 3) + 0.0)
+    assert world.totals("llama").arrived_requests == pytest.approx(120.0)
+
+
+def test_pool_cost_is_shared_between_models_by_gpus() -> None:
+    world, clock, specs = make_world([LLAMA, MISTRAL], **constant_load(1.0))
+    # On the one on-prem node: llama 1 x 2 GPUs, mistral 1 x 4 GPUs; the node's $10/h splits 1:2.
+    sig = world.metrics.observe(list(specs.values()), clock.advance(30))
+    llama_cost_h = v(sig["llama"].cost_per_million_tokens_usd) * v(sig["llama"].output_tokens_per_s) * 3600 / 1e6
+    mistral_cost_h = v(sig["mistral"].cost_per_million_tokens_usd) * v(sig["mistral"].output_tokens_per_s) * 3600 / 1e6
+    assert llama_cost_h == pytest.approx(10.0 / 3)
+    assert mistral_cost_h == pytest.approx(20.0 / 3)
+
+
+def test_metrics_gap_reads_as_missing_not_zero() -> None:
+    world, clock, specs = make_world()
+    world.inject_metrics_gap(T0 + timedelta(seconds=60), 30)
+    during = world.metrics.observe([specs["llama"]], clock.advance(70))["llama"]
+    assert during.queue_depth.value is None and during.queue_depth.reason == "NoData"
+    assert during.request_rate_per_s.value is None
+    after = world.metrics.observe([specs["llama"]], clock.advance(30))["llama"]
+    assert after.request_rate_per_s.value is not None
+
+
+def test_unknown_model_reads_as_missing() -> None:
+    world, clock, specs = make_world()
+    ghost = ModelSpec("ghost", 1, "fp8", ("A100-80GB",), 0, {}, ())
+    sig = world.metrics.observe([ghost, specs["llama"]], clock.now())
+    assert sig["ghost"].p99_latency_ms.value is None and sig["ghost"].p99_latency_ms.reason == "UnknownModel"
+    assert sig["llama"].request_rate_per_s.value is not None
+
+
+# -- prices ------------------------------------------------------------------------------------------
+
+
+def test_spot_prices_walk_around_the_static_price_deterministically() -> None:
+    def week(seed: int, pool: str = "aws-spot") -> list[float]:
+        walk = SpotPriceWalk(12.0, seed=seed, pool=pool)
+        return [walk.price_usd(t) for t in range(0, 7 * 86400, 300)]
+
+    series = week(7)
+    assert series == week(7)
+    assert series != week(8) and series != week(7, "gcp-spot")
+    # Pure in time: asking out of order gives the same answers.
+    backwards = SpotPriceWalk(12.0, seed=7, pool="aws-spot")
+    assert [backwards.price_usd(t) for t in range(7 * 86400 - 300, -1, -300)] == series[::-1]
+    assert series[0] == 12.0
+    assert len(set(series)) > 100                                   # it moves ...
+    assert all(12.0 * 0.6 <= p <= 12.0 * 1.6 for p in series)      # ... within a band ...
+    assert sum(series) / len(series) == pytest.approx(12.0, rel=0.1)  # ... around the static price
+    steps = [abs(b / a - 1) for a, b in zip(series, series[1:])]
+    assert max(steps) < 0.15                                        # ... slowly
+
+
+def test_price_source_and_pool_state_agree_on_live_spot_prices() -> None:
+    world, clock, specs = make_world()
+    now = clock.advance(5 * 3600)
+    prices = world.prices.prices(list(world.pool_specs.values()), now)
+    assert set(prices) == {"aws-spot", "gcp-spot"}
+    for pool, price in prices.items():
+        assert world.pool_provider(pool).state(specs["llama"], now).price_per_node_hour_usd == price
+    assert world.pool_provider("aws-od").state(specs["llama"], now).price_per_node_hour_usd is None
+
+
+# -- invariants --------------------------------------------------------------------------------------
+
+CLOUD_POOLS = ["aws-spot", "aws-od", "gcp-spot"]
+step = st.tuples(
+    st.floats(min_value=0, max_value=900, allow_nan=False),          # seconds to advance
+    st.sampled_from(["onprem", *CLOUD_POOLS]),
+    st.sampled_from(["llama", "mistral"]),
+    st.integers(min_value=0, max_value=20),                          # replicas
+    st.integers(min_value=0, max_value=6),                           # nodes
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(step, min_size=1, max_size=25), seed=st.integers(0, 3))
+def test_no_negative_or_inconsistent_values_ever(steps: list[tuple[float, str, str, int, int]], seed: int) -> None:
+    world, clock, specs = make_world([LLAMA, MISTRAL], seed=seed, interruptions_per_node_hour=4.0,
+                                     burst_every_s=300, burst_factor=3.0)
+    for dt, pool, model, replicas, nodes in steps:
+        now = clock.advance(dt)
+        spec = specs[model]
+        provider = world.pool_provider(pool)
+        if pool in spec.pools:
+            try:
+                provider.scale(spec, replicas, min(nodes, provider.pool.max_nodes), now)
+            except PermanentProviderError:
+                pytest.fail("valid request refused")
+        for name, sig in world.metrics.observe(list(specs.values()), now).items():
+            for sample in (sig.queue_depth, sig.p99_latency_ms, sig.gpu_utilization_pct, sig.request_rate_per_s,
+                           sig.output_tokens_per_s, sig.input_tokens_per_s, sig.cost_per_million_tokens_usd):
+                assert sample.value is None or (math.isfinite(sample.value) and sample.value >= 0), (name, sample)
+                assert sample.at == now
+            assert sig.gpu_utilization_pct.value is None or sig.gpu_utilization_pct.value <= 100.0
+            assert sig.queue_depth.value is not None and sig.request_rate_per_s.value is not None
+        for pname, pspec in world.pool_specs.items():
+            gpus_used = 0
+            for spec in specs.values():
+                if pname not in spec.pools:
+                    continue
+                s = world.pool_provider(pname).state(spec, now)
+                assert s.replicas is not None and s.ready_replicas is not None and s.nodes is not None
+                assert 0 <= s.ready_replicas <= s.replicas
+                assert 0 <= s.interrupted_replicas <= s.replicas
+                assert 0 <= s.nodes <= pspec.max_nodes and s.recent_interruptions >= 0
+                assert s.price_per_node_hour_usd is None or s.price_per_node_hour_usd > 0
+                gpus_used += s.ready_replicas * spec.tp_degree
+            assert gpus_used <= (s.nodes or 0) * pspec.gpus_per_node
+    totals = world.totals("llama")
+    assert 0 <= totals.served_requests <= totals.arrived_requests + 1e-6
+    assert totals.arrived_requests - totals.served_requests == pytest.approx(totals.queue_depth, abs=1e-6)
