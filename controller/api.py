@@ -7,7 +7,6 @@ names the field; nothing answers 200 on a failure. ``/healthz``, ``/readyz`` and
 open (probes and Prometheus scrape them).
 """
 
-from __future__ import annotations
 
 import enum
 import threading

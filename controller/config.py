@@ -150,6 +150,7 @@ class SimulatedProviders(_Strict):
     interruptions_per_node_hour: float = Field(0.0, ge=0, description="Spot interruption rate per spot node-hour.")
     mean_output_tokens: float = Field(250, gt=0, description="Mean output tokens per request.")
     mean_input_tokens: float = Field(1000, gt=0, description="Mean prompt tokens per request.")
+    initial_onprem_replicas: int = Field(1, ge=0, description="Replicas each model starts with (ready) in each on-prem pool; other pools start empty.")
 
 
 class RealProviders(_Strict):

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterable, Mapping, NamedTuple, Sequence, Union
 
-import yaml
+import yaml  # type: ignore[import-untyped, unused-ignore]
 from pydantic import BaseModel, ValidationError
 
 from controller.core.policy import EffectivePolicy
@@ -283,7 +283,7 @@ def _pydantic_errors(exc: ValidationError, root: type[BaseModel], file: str,
 
 
 def _canonical(data: Any) -> str:
-    return yaml.safe_dump(data, sort_keys=True, default_flow_style=False, allow_unicode=True)
+    return str(yaml.safe_dump(data, sort_keys=True, default_flow_style=False, allow_unicode=True))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -378,10 +378,15 @@ def _parse_document(file: str, index: int, node: yaml.Node, loader: yaml.SafeLoa
     except ValidationError as e:
         errors.extend(_pydantic_errors(e, ScalingPolicy, file, lines, (), doc_line, model))
 
-    # Rule params are validated against their kind even when other fields failed, so that one
-    # run of `tidegate policy validate` shows every problem.
+    # Rule params are validated against their kind even when other fields failed (from the raw
+    # data then), so that one run of `tidegate policy validate` shows every problem. When the
+    # document is valid its rules come from the validated spec, which includes the default rule.
     rules: list[PolicyKind] = []
-    raw_rules = spec_raw.get("rules") if isinstance(spec_raw, dict) else None
+    raw_rules: Any
+    if policy is not None:
+        raw_rules = [r.model_dump() for r in policy.spec.rules]
+    else:
+        raw_rules = spec_raw.get("rules") if isinstance(spec_raw, dict) else None
     if isinstance(raw_rules, list):
         for i, raw in enumerate(raw_rules):
             if not isinstance(raw, dict) or not isinstance(raw.get("kind"), str):
@@ -506,7 +511,10 @@ def _merge(model: str, docs: list[PolicyDocument],
     rules: list[PolicyKind] = []
     rule_specs = []
     seen_rules: dict[str, tuple[PolicyDocument, int]] = {}
-    for d in docs:
+    # Rules are the union over the documents that state rules; a document that says nothing about
+    # rules (a budget-only file) adds no default rule. With none stating any, the default applies.
+    rule_docs = [d for d in docs if "rules" in d.policy.spec.model_fields_set] or docs[:1]
+    for d in rule_docs:
         for i, (spec, built) in enumerate(zip(d.policy.spec.rules, d.rules)):
             name = spec.name or spec.kind
             if name in seen_rules:
@@ -525,15 +533,16 @@ def _merge(model: str, docs: list[PolicyDocument],
     # Bounds: intersect, counting only the fields each document sets (defaults do not narrow).
     min_from: PolicyDocument | None = None
     max_from: PolicyDocument | None = None
-    min_r, max_r = Bounds().min_replicas, Bounds().max_replicas
+    default_bounds = Bounds.model_validate({})
+    min_r, max_r = default_bounds.min_replicas, default_bounds.max_replicas
     for d in docs:
-        b = d.policy.spec.bounds
+        bounds = d.policy.spec.bounds
         if "bounds" not in d.policy.spec.model_fields_set:
             continue
-        if "min_replicas" in b.model_fields_set and (min_from is None or b.min_replicas > min_r):
-            min_r, min_from = b.min_replicas, d
-        if "max_replicas" in b.model_fields_set and (max_from is None or b.max_replicas < max_r):
-            max_r, max_from = b.max_replicas, d
+        if "min_replicas" in bounds.model_fields_set and (min_from is None or bounds.min_replicas > min_r):
+            min_r, min_from = bounds.min_replicas, d
+        if "max_replicas" in bounds.model_fields_set and (max_from is None or bounds.max_replicas < max_r):
+            max_r, max_from = bounds.max_replicas, d
     if min_r > max_r:
         culprit = max(
             (x for x in (min_from, max_from) if x is not None), key=_sort_key)
@@ -560,11 +569,11 @@ def _merge(model: str, docs: list[PolicyDocument],
         top = max(d.policy.spec.priority for d in setters)
         winners = [d for d in setters if d.policy.spec.priority == top]
         if len(winners) > 1:
-            a, b = winners[0], winners[1]
+            first, second = winners[0], winners[1]
             errors.append(PolicyError(
-                b.file, b.line_of("spec", section), f"spec.{section}",
-                f"spec.{section} for model {model!r} is set by both {_where(a, 'spec', section)} and "
-                f"{_where(b, 'spec', section)} at priority {top}; give one of them a higher "
+                second.file, second.line_of("spec", section), f"spec.{section}",
+                f"spec.{section} for model {model!r} is set by both {_where(first, 'spec', section)} "
+                f"and {_where(second, 'spec', section)} at priority {top}; give one of them a higher "
                 "spec.priority or remove one", model))
             continue
         sections[section] = getattr(winners[0].policy.spec, section)
@@ -572,10 +581,11 @@ def _merge(model: str, docs: list[PolicyDocument],
     if errors:
         return None, errors
 
+    merged: PolicySpec
     if len(docs) == 1:
-        spec = docs[0].policy.spec
+        merged = docs[0].policy.spec
     else:
-        spec = PolicySpec(
+        merged = PolicySpec(
             model=model,
             priority=max(d.policy.spec.priority for d in docs),
             bounds=Bounds(min_replicas=min_r, max_replicas=max_r),
@@ -588,7 +598,7 @@ def _merge(model: str, docs: list[PolicyDocument],
     )
     version = hashlib.sha256(text.encode()).hexdigest()[:16]
     sources = tuple(dict.fromkeys(d.file for d in docs))
-    return (EffectivePolicy(model, spec, tuple(rules), version, sources), text), []
+    return (EffectivePolicy(model, merged, tuple(rules), version, sources), text), []
 
 
 # --------------------------------------------------------------------------------------------------

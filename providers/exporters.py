@@ -17,6 +17,7 @@ queueing ``LoadModel`` on every scrape (demo and benchmark).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -29,7 +30,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import json
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -347,6 +347,37 @@ class LoadModel:
             g.energy_mj += (self.idle_power_w + (self.busy_power_w - self.idle_power_w) * rho) * dt * 1000.0
 
 
+@dataclass
+class Ramp:
+    """Grows ``target.<attr>`` by ``per_s`` per second of the exporter's clock: a counter with a
+    known rate (tests assert ``rate()`` against it)."""
+
+    target: Any
+    attr: str
+    per_s: float
+    last_t: float | None = None
+
+    def advance(self, t: float) -> None:
+        if self.last_t is not None and t > self.last_t:
+            setattr(self.target, self.attr, getattr(self.target, self.attr) + self.per_s * (t - self.last_t))
+        self.last_t = t
+
+
+@dataclass
+class HistogramRamp:
+    """Observes ``value`` into ``hist`` ``per_s`` times per second."""
+
+    hist: Histogram
+    value: float
+    per_s: float
+    last_t: float | None = None
+
+    def advance(self, t: float) -> None:
+        if self.last_t is not None and t > self.last_t:
+            self.hist.observe(self.value, self.per_s * (t - self.last_t))
+        self.last_t = t
+
+
 # --------------------------------------------------------------------------------------------
 # HTTP exporters
 
@@ -381,13 +412,18 @@ class Exporter:
     def __init__(self, port: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
         self.lock = threading.RLock()
         self.clock = clock
-        self.loads: list[LoadModel] = []
+        self.loads: list[LoadModel | Ramp | HistogramRamp] = []
+        """Advanced to the exporter's clock on every scrape, under ``lock``."""
         self._requested_port = port
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
     def families(self) -> list[Family]:
         raise NotImplementedError
+
+    def add_load(self, load: "LoadModel | Ramp | HistogramRamp") -> None:
+        with self.lock:
+            self.loads.append(load)
 
     def text(self) -> str:
         with self.lock:
@@ -448,17 +484,24 @@ class TritonExporter(Exporter):
     def families(self) -> list[Family]:
         return triton_families(self.models, self.trtllm)
 
-    def set_model(self, model: str, **fields: Any) -> None:
+    def set_model(self, model: str, **fields: Any) -> TritonModelState:
         with self.lock:
             st = self.models.setdefault(model, TritonModelState())
             for k, v in fields.items():
                 setattr(st, k, v)
+            return st
 
-    def set_trtllm(self, model: str, **fields: Any) -> None:
+    def set_trtllm(self, model: str, **fields: Any) -> TrtLlmState:
         with self.lock:
             st = self.trtllm.setdefault(model, TrtLlmState())
             for k, v in fields.items():
                 setattr(st, k, v)
+            return st
+
+    def remove_model(self, model: str) -> None:
+        with self.lock:
+            self.models.pop(model, None)
+            self.trtllm.pop(model, None)
 
 
 class DcgmExporter(Exporter):

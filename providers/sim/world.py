@@ -13,7 +13,8 @@ a ``now`` earlier than the world's time changes nothing (the world never runs ba
 answer describes the world's current state, stamped with the given ``now``. Between events (a node
 ready, a replica ready, a notice, a node gone, a shortage starting or ending) the fleet is constant
 and the queues are integrated; events are applied at their exact times, so the state at a given time
-does not depend on how often the world was observed on the way (beyond float rounding).
+does not depend on how often the world was observed on the way (up to the small error of the
+queue integration's sub-steps near an emptying backlog).
 
 Pool state: ``replicas`` is the Deployment's desired count, ``ready_replicas`` the pods past their
 cold start on ready nodes, ``nodes`` the node group's instances that exist (provisioning, ready or
@@ -138,8 +139,8 @@ class SimWorld:
         unavailable_after_interruptions: int = 3,
         interruption_window_s: float = 3600.0,
     ) -> None:
-        """``initial_replicas`` (model -> pool -> replicas) replaces the default start: one replica
-        per model in each on-prem pool, none elsewhere; the starting replicas are ready at once.
+        """``initial_replicas`` (model -> pool -> replicas) replaces the default start:
+        ``initial_onprem_replicas`` per model in each on-prem pool, none elsewhere; the starting replicas are ready at once.
         A spot pool reports itself unavailable while it has had ``unavailable_after_interruptions``
         notices within ``interruption_window_s``; ``recent_interruptions`` counts that window."""
         if not isinstance(config.providers, SimulatedProviders):
@@ -197,7 +198,8 @@ class SimWorld:
         self, given: Mapping[str, Mapping[str, int]] | None,
     ) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {
-            m.name: {p: (1 if self.pool_specs[p].kind.is_onprem else 0) for p in m.pools}
+            m.name: {p: (self.settings.initial_onprem_replicas if self.pool_specs[p].kind.is_onprem else 0)
+                     for p in m.pools}
             for m in self.model_specs.values()}
         for mname, per_pool in (given or {}).items():
             if mname not in out:

@@ -113,3 +113,92 @@ def pg_url(postgres_url: str) -> str:
     mark them ``@pytest.mark.postgres``)."""
     _reset_postgres(postgres_url)
     return postgres_url
+
+
+# --- metrics: a real Prometheus scraping loopback exporters (providers.exporters) -------------
+# Owned by the metrics adapters (issue 3). One Prometheus per test session (its first data takes
+# ~6 s: Prometheus batches discovery updates every 5 s); tests give each model they add to the
+# shared exporters a unique name, so they never see each other's series.
+
+from dataclasses import dataclass as _dataclass  # noqa: E402
+
+from providers.exporters import (  # noqa: E402
+    DcgmExporter,
+    GpuState,
+    LocalPrometheus,
+    PrometheusUnavailable,
+    Ramp,
+    ScrapeTarget,
+    TritonExporter,
+)
+
+LAB_NAMESPACE = "serving"
+LAB_PODS = {"onprem": "triton-onprem-0", "aws-spot": "triton-spot-0"}
+LAB_GPU_UTIL_PCT = {"onprem": (60.0, 80.0), "aws-spot": (40.0,)}
+"""DCGM utilization of each pod's GPUs (the onprem pod runs TP=2)."""
+LAB_GPU_POWER_W = {"onprem": 300.0, "aws-spot": 250.0}
+"""Power per GPU, driven as a DCGM energy counter ramp (mJ)."""
+
+
+def prometheus_binary_or_skip() -> str:
+    """The ``prometheus`` binary on PATH; fails under CI=true (CI installs it), skips elsewhere."""
+    import shutil
+
+    found = shutil.which("prometheus")
+    if found:
+        return found
+    message = "the prometheus binary is not on PATH (Debian: apt-get update && apt-get install -y prometheus)"
+    if _in_ci():
+        pytest.fail(f"{message}; CI=true requires it", pytrace=False)
+    pytest.skip(message)
+
+
+@_dataclass
+class MetricsLab:
+    prometheus: LocalPrometheus
+    triton: dict[str, TritonExporter]
+    """Pool name -> the Triton metrics endpoint of that pool's (single) pod."""
+    dcgm: DcgmExporter
+    victim: TritonExporter
+    """A Triton endpoint of its own (pool ``victim``) that a test may stop and restart."""
+
+
+@pytest.fixture(scope="session")
+def metrics_lab() -> Iterator[MetricsLab]:
+    """Triton exporters for pools ``onprem`` and ``aws-spot`` (target labels pool, namespace, pod,
+    as a Kubernetes pod scrape config attaches them), a DCGM exporter with pod mapping, and a real
+    Prometheus scraping them every second."""
+    binary = prometheus_binary_or_skip()
+    started: list[TritonExporter | DcgmExporter] = []
+    try:
+        triton = {pool: TritonExporter().start() for pool in LAB_PODS}
+        victim = TritonExporter().start()
+        gpus: list[GpuState] = []
+        dcgm = DcgmExporter()
+        for pool, pod in LAB_PODS.items():
+            for i, util in enumerate(LAB_GPU_UTIL_PCT[pool]):
+                g = GpuState(len(gpus), pod=pod, namespace=LAB_NAMESPACE, container="triton", util_pct=util,
+                             hostname=f"{pool}-node-0")
+                gpus.append(g)
+                dcgm.add_load(Ramp(g, "energy_mj", LAB_GPU_POWER_W[pool] * 1000.0))
+        dcgm.gpus = gpus
+        dcgm.start()
+        started = [*triton.values(), victim, dcgm]
+        targets = [ScrapeTarget(f"triton-{pool}", exp.address, {"pool": pool, "namespace": LAB_NAMESPACE, "pod": LAB_PODS[pool]})
+                   for pool, exp in triton.items()]
+        targets.append(ScrapeTarget("triton-victim", victim.address, {"pool": "victim", "namespace": LAB_NAMESPACE, "pod": "victim-0"}))
+        targets.append(ScrapeTarget("dcgm", dcgm.address, honor_labels=True))
+        prom = LocalPrometheus(targets, scrape_interval_s=1.0, binary=binary)
+        try:
+            prom.start()
+            prom.wait_for('count(up == 1) >= 4', timeout_s=30)
+        except (PrometheusUnavailable, TimeoutError) as e:
+            prom.close()
+            pytest.fail(f"local Prometheus did not come up: {e}", pytrace=False)
+        try:
+            yield MetricsLab(prom, triton, dcgm, victim)
+        finally:
+            prom.close()
+    finally:
+        for exp in started:
+            exp.stop()

@@ -30,7 +30,7 @@ DEFAULT_POLICY = textwrap.dedent("""\
     spec:
       model: llama3-70b-fp8
       bounds: {min_replicas: 2, max_replicas: 24}
-      slo: {p99_latency_ms: 4000, queue_depth_per_replica: 4}
+      slo: {p99_latency_ms: 6000, queue_depth_per_replica: 4}
       rules:
         - kind: slo-guard
       behavior:

@@ -196,6 +196,25 @@ def test_same_seed_same_world_different_seed_different_world() -> None:
     assert first != other
 
 
+def test_observing_more_often_does_not_change_the_world() -> None:
+    """Events land at their own times and the load is integrated exactly: a world looked at every
+    5 s and one looked at every 15 min agree at the hour (the backlog to the sub-step error)."""
+    outcomes = []
+    for every_s in (5, 900):
+        world, clock, specs = make_world(seed=3, burst_every_s=300, burst_factor=2.0, interruptions_per_node_hour=2.0)
+        llama = specs["llama"]
+        world.pool_provider("aws-spot").scale(llama, 6, 2, clock.now())
+        for _ in range(3600 // every_s):
+            world.metrics.observe([llama], clock.advance(every_s))
+        state = world.pool_provider("aws-spot").state(llama, clock.now())
+        outcomes.append((state.ready_replicas, state.nodes, state.recent_interruptions, world.totals("llama")))
+    (*fleet_often, often), (*fleet_rarely, rarely) = outcomes
+    assert fleet_often == fleet_rarely
+    assert often.arrived_requests == pytest.approx(rarely.arrived_requests, rel=1e-9)
+    assert often.queue_depth > 0
+    assert often.queue_depth == pytest.approx(rarely.queue_depth, rel=0.01)
+
+
 # -- actuation ---------------------------------------------------------------------------------------
 
 
