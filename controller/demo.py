@@ -7,6 +7,7 @@ happens and, at the end, checks the decision log for the story the product promi
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
@@ -31,6 +32,11 @@ def _fmt(v: float | None, spec: str) -> str:
 
 def run_demo(*, duration_s: float = 120, port: int = 8080, workdir: Path = Path(".tidegate/demo"),
              speedup: float | None = None, quiet: bool = False, out: TextIO = sys.stdout) -> int:
+    from controller import logs
+
+    # the demo prints its own table; structured logs only for warnings and errors
+    logs.setup("text", "WARNING")
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
     workdir = workdir.resolve()
     if workdir.exists():
         shutil.rmtree(workdir)

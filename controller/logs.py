@@ -49,7 +49,8 @@ def setup(fmt: str = "json", level: str = "INFO") -> None:
     root.setLevel(level.upper())
     # uvicorn's access log is noisy at demo speed; errors still show
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    # "skipped: maximum number of running instances reached" is the coalescing working as meant
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
 
 
 def log(logger: logging.Logger, level: int, msg: str, **fields: Any) -> None:

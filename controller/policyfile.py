@@ -427,16 +427,18 @@ def _parse_document(file: str, index: int, node: yaml.Node, loader: yaml.SafeLoa
 
 
 def expand_paths(paths: PathLike | Iterable[PathLike]) -> list[str]:
-    """Files to read: each file as given, each directory's ``*.yaml``/``*.yml`` (not recursive),
-    in name order."""
+    """Files to read: each file as given, each directory's ``*.yaml``/``*.yml`` (not recursive,
+    not hidden), in name order."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     out: list[str] = []
     for p in paths:
         path = Path(p)
         if path.is_dir():
+            # Hidden names are skipped: editor lock/backup files, and the ``..data`` machinery of
+            # a mounted ConfigMap.
             out.extend(str(c) for c in sorted(path.iterdir())
-                       if c.suffix in YAML_SUFFIXES and c.is_file())
+                       if c.suffix in YAML_SUFFIXES and not c.name.startswith(".") and c.is_file())
         else:
             out.append(str(path))
     return list(dict.fromkeys(out))
@@ -618,6 +620,8 @@ class ReloadReport:
     kept_previous: tuple[str, ...] = ()
     """Models with errors whose previous good version stays in force."""
     errors: tuple[PolicyError, ...] = ()
+    """Every problem in the files as this reload found them; empty when nothing changed since
+    the previous reload (``PolicyStore.errors()`` always has the current ones)."""
 
     @property
     def ok(self) -> bool:
@@ -751,8 +755,9 @@ class PolicyStore:
             fingerprint = tuple((r.file, r.sha256 or str(r.errors[0])) for r in results)
             fingerprint += tuple((e.file, e.message) for e in source_errors)
             if fingerprint == self._fingerprint:
-                return ReloadReport(changed=False, kept_previous=tuple(sorted(self._state.kept_previous)),
-                                    errors=self._state.errors)
+                # Nothing new to report (the current errors stay visible in errors()/status()),
+                # so a caller that logs every reported error does not repeat itself every poll.
+                return ReloadReport(changed=False)
             self._fingerprint = fingerprint
             return self._apply(_assemble(results), source_errors)
 

@@ -195,6 +195,11 @@ class Observation:
     queries: int
     """HTTP queries made this tick."""
 
+    def by_pool(self, model: str, signal: str) -> dict[str, Sample]:
+        """Pool -> sample of one signal of one model (e.g. ``gpu_power_kw`` for
+        ``providers.cost``)."""
+        return {pool: v[signal] for (m, pool), v in self.pools.items() if m == model and signal in v}
+
 
 @dataclass(frozen=True, slots=True)
 class _Series:

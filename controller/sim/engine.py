@@ -349,7 +349,7 @@ class Simulation:
         self.fluid_hist_ttft = np.zeros(HIST_BINS)
         self.fluid_hist_e2e = np.zeros(HIST_BINS)
         self.fluid_hist_tpot = np.zeros(HIST_BINS)
-        self.fluid_cache: dict[tuple[str, int], tuple[SteadyState, float, float, float, np.ndarray, np.ndarray, np.ndarray, float]] = {}
+        self.fluid_cache: dict[tuple[str, int | None], tuple[SteadyState, float, float, float, np.ndarray, np.ndarray, np.ndarray, float]] = {}
         self.fluid_groups: dict[str, tuple[float, SteadyState]] = {}
         self.fluid_queue = 0.0
         self.fluid_util = math.nan
@@ -790,12 +790,12 @@ class Simulation:
     def _fluid_entry(self, gpu: str, r: float) -> tuple[SteadyState, float, float, float, np.ndarray, np.ndarray, np.ndarray, float]:
         """Steady state of one replica at per-replica rate ``r`` (memoized on a 0.5 % grid): state,
         attainment (both / TTFT / TPOT), latency histogram shapes, p99 e2e."""
-        key = (gpu, -1 if r <= 1e-9 else int(math.log(r) / 0.005))
+        key = (gpu, None if r <= 1e-9 else int(round(math.log(r) / 0.005)))
         hit = self.fluid_cache.get(key)
         if hit is not None:
             return hit
         m = self.setup.fluid_model(gpu)
-        r_q = 0.0 if key[1] < 0 else math.exp(key[1] * 0.005)
+        r_q = 0.0 if key[1] is None else math.exp(key[1] * 0.005)
         st = m.steady(r_q)
         entry = self._fluid_shapes(m, st, 0.0)
         self.fluid_cache[key] = entry
@@ -892,7 +892,7 @@ class Simulation:
             p99 = max(p99, entry[7])
             for wait, cnt in chunks:
                 k = cnt * share
-                if wait <= step:
+                if wait <= 0.0:
                     _, att, att_t, att_p, h_t, h_e, h_p, _ = entry
                 else:
                     _, att, att_t, att_p, h_t, h_e, h_p, _ = self._fluid_shapes(m, st, wait)
@@ -1135,9 +1135,7 @@ class Simulation:
             pool.bill_t = 0.0
             self._bill(pool)
             if pool.spot is not None and (pool.spot.trace is not None or pool.spot.unavailable_windows):
-                nxt = pool.spot.next_change_after(0.0)
                 self._push(0.0, EV_CAP, pool)
-                del nxt
         self._push(0.0, EV_SCRAPE)
         self._push(self.ctrl.interval_s, EV_CTRL)
         self._push(0.0, EV_RECORD)

@@ -142,3 +142,40 @@ def test_daemon_on_postgresql(make_harness, tmp_path: Path, pg_url: str) -> None
     rows = list(h.repo.all_decisions())
     assert len(rows) == 900 / 5
     assert h.repo.get_decision(rows[-1]["id"])["trace"]
+
+
+class _FailForModel:
+    """Wraps a pool provider so that scaling one model fails permanently; others pass through."""
+
+    def __init__(self, inner, model: str) -> None:
+        self.inner, self.model, self.pool = inner, model, inner.pool
+
+    def state(self, model, now):
+        return self.inner.state(model, now)
+
+    def scale(self, model, replicas, nodes, now):
+        if model.name == self.model:
+            raise PermanentProviderError(f"deployment for {model.name} not found (404)")
+        return self.inner.scale(model, replicas, nodes, now)
+
+
+def test_one_models_failure_spares_the_others(make_harness, tmp_path: Path) -> None:
+    from tests.integration.daemon_harness import demo_config_dict
+
+    raw = demo_config_dict()
+    second = dict(raw["models"][0], name="llama3-8b-fp8",
+                  deployments={p: {"namespace": "llm", "name": f"llama3-8b-{p}"} for p in raw["models"][0]["deployments"]})
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "second.yaml").write_text(
+        DEFAULT_POLICY.replace("llama3-70b-fp8", "llama3-8b-fp8").replace("name: llama3-70b-slo", "name: second"))
+    h = make_harness(tmp_path, config_updates={"models": raw["models"] + [second]},
+                     pool_wrappers={"onprem-h100": lambda p: _FailForModel(p, "llama3-8b-fp8")})
+    reports = h.run(1200)
+    assert all("llama3-70b-fp8" in r.decisions for r in reports if not r.skipped)
+    assert all("llama3-8b-fp8" in r.errors for r in reports if not r.skipped)
+    good = h.repo.list_decisions(model="llama3-70b-fp8", limit=1000)
+    bad = h.repo.list_decisions(model="llama3-8b-fp8", limit=1000)
+    assert {r["outcome"] for r in good} == {"applied"}
+    assert {r["outcome"] for r in bad} <= {"failed", "partial"} and bad
+    # the healthy model really scaled while the other one failed
+    assert max(r["replicas"] for r in good) > good[-1]["current_replicas"]

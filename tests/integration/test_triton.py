@@ -49,7 +49,7 @@ def _infer(requests: list[Any]) -> list[dict[str, np.ndarray]]:
 
 
 @pytest.fixture(scope="module")
-def triton_server() -> Iterator[TritonServer]:
+def triton_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     """A real tritonserver (pytriton's bundled build) serving ``tiny-llm`` on free ports, with
     summary latencies on and the statistics endpoint unrestricted."""
     try:
@@ -59,12 +59,16 @@ def triton_server() -> Iterator[TritonServer]:
         pytest.skip(f"nvidia-pytriton is not installed (pip install nvidia-pytriton): {e}")
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     config = TritonConfig(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                          metrics_config=["summary_latencies=true"], exit_on_error=True, log_verbose=0)
+                          metrics_config=["summary_latencies=true"], exit_on_error=True, log_verbose=0,
+                          exit_timeout_secs=2)
     with pytest.MonkeyPatch.context() as mp:
         # pytriton's tritonserver loads libpython of the running interpreter; without this it
         # picks another build and the Python backend stub fails to start
         mp.setenv("LD_LIBRARY_PATH", ld_library_path_with_libpython())
-        triton = Triton(config=config, security_config=TritonSecurityConfig(restricted_endpoints=[]))
+        # an explicit workspace: pytriton's default one is a TemporaryDirectory left to the
+        # garbage collector (a ResourceWarning, an error under filterwarnings=error)
+        triton = Triton(config=config, workspace=str(tmp_path_factory.mktemp("pytriton") / "ws"),
+                        security_config=TritonSecurityConfig(restricted_endpoints=[]))
         try:
             triton.__enter__()
             triton.bind(model_name=MODEL, infer_func=_infer,

@@ -255,7 +255,7 @@ def _can_fire(sets: list[set[int]], dom_r: bool, dow_r: bool) -> bool:
     return any(d <= calendar.monthrange(2000, m)[1] for m in sets[3] for d in sets[2])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(cron_expr())
 def test_parser_agrees_with_an_independent_expansion(case: tuple[str, list[set[int]], bool, bool]) -> None:
     text, sets, dom_r, dow_r = case
@@ -288,7 +288,7 @@ instants = st.datetimes(min_value=datetime(2023, 1, 1), max_value=datetime(2026,
                         timezones=st.just(UTC))
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cron_expr(dense=True), instants, st.integers(1, 3 * 24 * 60),
        st.sampled_from([UTC, PARIS, NEW_YORK]))
 def test_last_fire_matches_a_brute_force_minute_scan(
@@ -311,7 +311,7 @@ def test_last_fire_matches_a_brute_force_minute_scan(
 DST_DAYS = [utc(2024, 3, 31), utc(2024, 10, 27), utc(2024, 3, 10), utc(2024, 11, 3)]
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(cron_expr(dense=True), st.sampled_from(DST_DAYS), st.integers(0, 36 * 60),
        st.integers(1, 6 * 60), st.sampled_from([PARIS, NEW_YORK]))
 def test_last_fire_matches_brute_force_around_dst_changes(
@@ -327,7 +327,7 @@ def test_last_fire_matches_brute_force_around_dst_changes(
     assert expr.last_fire(now, tz, after=after) == _brute_last_fire(expr, now, after, tz)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.datetimes(min_value=datetime(2020, 1, 1), max_value=datetime(2030, 1, 1)),
        st.sampled_from([PARIS, NEW_YORK, UTC]))
 def test_to_instant_never_goes_backwards(wall: datetime, tz: ZoneInfo | timezone) -> None:

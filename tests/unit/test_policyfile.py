@@ -332,6 +332,10 @@ def test_store_keeps_the_last_good_version_and_isolates_models(tmp_path: Path, r
     (err,) = store.errors()
     assert (err.file, err.line, err.path) == (str(a), 7, "spec.bounds")
     assert "min_replicas (30) is greater than max_replicas (24)" in err.message
+    assert report.errors == (err,)
+    # polling again changes nothing and reports nothing new; the errors stay visible
+    quiet = store.reload(tmp_path)
+    assert not quiet.changed and quiet.errors == () and store.errors() == [err]
 
     status = store.status()
     json.dumps(status)  # JSON-able
@@ -391,6 +395,14 @@ def test_store_reports_a_model_that_never_loaded(tmp_path: Path, registry: Regis
     assert store.policies() == {}
     entry = store.status()["models"]["mistral-7b-int8"]
     assert entry["version"] is None and "unknown policy kind 'nope'" in entry["errors"][0]["message"]
+
+
+def test_hidden_files_in_a_directory_are_skipped(tmp_path: Path, registry: Registry) -> None:
+    write(tmp_path, "a.yaml", policy())
+    write(tmp_path, ".#a.yaml", "not: [valid\n")  # an editor's lock file
+    write(tmp_path, "notes.txt", "not yaml at all: [\n")
+    result = load_policy_files(tmp_path, registry)
+    assert result.errors == () and [f.file for f in result.files] == [str(tmp_path / "a.yaml")]
 
 
 def test_store_keeps_everything_when_the_directory_vanishes(tmp_path: Path, registry: Registry) -> None:

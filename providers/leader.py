@@ -1,0 +1,292 @@
+"""Leader election: when two or more daemons run, only one actuates.
+
+Why it exists: every daemon observes, decides and records (followers keep warm state and serve the
+API), but two daemons scaling the same Deployments and node groups would fight. Before acting, the
+daemon asks ``elector.try_acquire()``; a ``False`` means "decide and record, do not act".
+
+Two implementations of one small protocol:
+
+- ``PostgresAdvisoryLock``: a session-level ``pg_try_advisory_lock`` on a dedicated connection to
+  the daemon's PostgreSQL database. The server itself guarantees that at most one session holds the
+  lock; when the leader's session ends (process death, ``pg_terminate_backend``, a broken
+  connection noticed by TCP keepalives) the server releases it and the next ``try_acquire`` of a
+  follower wins. ``is_leader`` asks the server (``pg_locks``) rather than trusting a flag, so a
+  leader whose session was killed learns it on its next check, before acting.
+- ``KubernetesLeaseElector``: a ``coordination.k8s.io/v1`` Lease, as client-go's leader election
+  does: the holder renews ``renewTime``; a follower takes over a lease not renewed within
+  ``leaseDurationSeconds``; every write carries the read ``resourceVersion``, so of two candidates
+  racing for an expired lease the API server lets exactly one through (the other gets 409). A
+  leader that could not renew stops acting once its last renewal is older than the lease duration.
+
+Neither is a fence against a leader paused in the middle of an action (GC pause, suspended VM): as
+everywhere, the window is one action, and the actions themselves are declarative and idempotent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import psycopg
+
+
+
+@runtime_checkable
+class LeaderElector(Protocol):
+    identity: str
+
+    def try_acquire(self) -> bool:
+        """Become (or stay) leader if possible; ``True`` while this instance may actuate."""
+        ...
+
+    def is_leader(self) -> bool:
+        """Whether this instance holds leadership now (checked, not remembered)."""
+        ...
+
+    def release(self) -> None:
+        """Give leadership up (on shutdown) so a follower takes over without waiting."""
+        ...
+
+
+def default_identity() -> str:
+    """``host/pid``: unique per process, readable in the lease and in ``pg_stat_activity``."""
+    return f"{socket.gethostname()}/{os.getpid()}"
+
+
+def lock_key(name: str) -> int:
+    """A stable signed 64-bit advisory lock key for a name (same name, same key, on every host)."""
+    return int.from_bytes(hashlib.sha256(f"tidegate:{name}".encode()).digest()[:8], "big", signed=True)
+
+
+def libpq_dsn(url: str) -> str:
+    """A libpq connection string from a SQLAlchemy URL (``postgresql+psycopg://`` ->
+    ``postgresql://``); libpq strings pass through."""
+    for prefix in ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres+psycopg://"):
+        if url.startswith(prefix):
+            return "postgresql://" + url[len(prefix):]
+    return url
+
+
+class PostgresAdvisoryLock:
+    """``LeaderElector`` on a PostgreSQL session advisory lock.
+
+    ``dsn`` is a libpq string or URL (``libpq_dsn`` converts a SQLAlchemy URL); ``name`` scopes the
+    election (daemons of one cluster share it). The connection is this elector's own (autocommit,
+    so no transaction stays open) with TCP keepalives, so the server notices a vanished leader and
+    frees the lock."""
+
+    def __init__(self, dsn: str, *, name: str = "leader", identity: str | None = None,
+                 connect_timeout_s: float = 3.0, keepalive_idle_s: int = 10,
+                 connect: Callable[..., Any] = psycopg.connect) -> None:
+        self.dsn = libpq_dsn(dsn)
+        self.name = name
+        self.key = lock_key(name)
+        self.identity = identity or default_identity()
+        self.connect_timeout_s = connect_timeout_s
+        self.keepalive_idle_s = keepalive_idle_s
+        self._connect = connect
+        self._conn: Any = None
+        self.last_error: str | None = None
+
+    # The key as pg_locks shows a bigint advisory lock: classid = high 32 bits, objid = low 32.
+    @property
+    def _classid(self) -> int:
+        return (self.key >> 32) & 0xFFFFFFFF
+
+    @property
+    def _objid(self) -> int:
+        return self.key & 0xFFFFFFFF
+
+    def _connection(self) -> Any:
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        self._conn = self._connect(
+            self.dsn, autocommit=True, connect_timeout=max(1, int(self.connect_timeout_s)),
+            application_name=f"tidegate-leader {self.identity}"[:63],
+            keepalives=1, keepalives_idle=self.keepalive_idle_s, keepalives_interval=5, keepalives_count=3)
+        return self._conn
+
+    def _drop(self, e: BaseException) -> None:
+        self.last_error = f"{type(e).__name__}: {e}"
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The server process of this elector's session (``None`` when not connected)."""
+        if self._conn is None or self._conn.closed:
+            return None
+        return int(self._conn.info.backend_pid)
+
+    def _holds(self, conn: Any) -> bool:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() "
+            "AND granted AND classid = %s AND objid = %s AND objsubid = 1",
+            (self._classid, self._objid)).fetchone()
+        return bool(row and row[0])
+
+    def is_leader(self) -> bool:
+        if self._conn is None or self._conn.closed:
+            return False
+        try:
+            return self._holds(self._conn)
+        except psycopg.Error as e:  # the session is gone, and the lock with it
+            self._drop(e)
+            return False
+
+    def try_acquire(self) -> bool:
+        try:
+            conn = self._connection()
+            if self._holds(conn):
+                return True  # no second lock: session locks stack and would need two unlocks
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()
+            return bool(row and row[0])
+        except psycopg.Error as e:
+            self._drop(e)
+            return False
+
+    def release(self) -> None:
+        if self._conn is None or self._conn.closed:
+            return
+        try:
+            if self._holds(self._conn):
+                self._conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
+        except psycopg.Error as e:
+            self._drop(e)
+            return
+        self._drop(RuntimeError("released"))
+        self.last_error = None
+
+    def holder_pid(self) -> int | None:
+        """The backend pid holding the lock now, as any session sees it (for status pages)."""
+        try:
+            row = self._connection().execute(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid = %s "
+                "AND objid = %s AND objsubid = 1", (self._classid, self._objid)).fetchone()
+        except psycopg.Error as e:
+            self._drop(e)
+            return None
+        return int(row[0]) if row else None
+
+
+def _micro(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class KubernetesLeaseElector:
+    """``LeaderElector`` on a ``coordination.k8s.io/v1`` Lease (client-go's algorithm).
+
+    ``clock`` is the daemon's clock (a ``controller.protocols.Clock``): the lease compares times,
+    and tests drive it by hand. Reads and writes go through ``kubernetes.client.CoordinationV1Api``
+    built on ``api_client``; writes are replaces carrying the read ``resourceVersion``."""
+
+    def __init__(self, api_client: Any, *, namespace: str, name: str = "tidegate-leader",
+                 identity: str | None = None, lease_duration_s: int = 15, clock: Any = None,
+                 request_timeout_s: float = 5.0) -> None:
+        from kubernetes import client as k8s
+
+        self._k8s = k8s
+        self.api = k8s.CoordinationV1Api(api_client)
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity or default_identity()
+        self.lease_duration_s = lease_duration_s
+        self._clock = clock
+        self.request_timeout_s = request_timeout_s
+        self._renewed_at: datetime | None = None
+        self.last_error: str | None = None
+
+    def _now(self) -> datetime:
+        return self._clock.now() if self._clock is not None else datetime.now(timezone.utc)
+
+    def _spec(self, now: datetime, *, acquire: datetime, transitions: int) -> Any:
+        return self._k8s.V1LeaseSpec(
+            holder_identity=self.identity, lease_duration_seconds=self.lease_duration_s,
+            acquire_time=acquire, renew_time=now, lease_transitions=transitions)
+
+    def try_acquire(self) -> bool:
+        from kubernetes.client.exceptions import ApiException
+
+        now = self._now()
+        try:
+            try:
+                lease = self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=self.request_timeout_s)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                body = self._k8s.V1Lease(
+                    metadata=self._k8s.V1ObjectMeta(name=self.name, namespace=self.namespace),
+                    spec=self._spec(now, acquire=now, transitions=0))
+                self.api.create_namespaced_lease(self.namespace, body, _request_timeout=self.request_timeout_s)
+                self._renewed_at = now
+                return True
+            spec = lease.spec or self._k8s.V1LeaseSpec()
+            holder = spec.holder_identity or ""
+            renew = spec.renew_time
+            if renew is not None and renew.tzinfo is None:
+                renew = renew.replace(tzinfo=timezone.utc)
+            duration = spec.lease_duration_seconds or self.lease_duration_s
+            expired = renew is None or now >= renew + timedelta(seconds=duration)
+            if holder and holder != self.identity and not expired:
+                self._renewed_at = None
+                return False
+            mine = holder == self.identity
+            acquire = spec.acquire_time if mine and spec.acquire_time else now
+            transitions = (spec.lease_transitions or 0) + (0 if mine else 1)
+            lease.spec = self._spec(now, acquire=acquire, transitions=transitions)
+            # replace (PUT) with the read resourceVersion: of two racing candidates one gets 409
+            self.api.replace_namespaced_lease(self.name, self.namespace, lease, _request_timeout=self.request_timeout_s)
+            self._renewed_at = now
+            return True
+        except ApiException as e:
+            self.last_error = f"{e.status}: {e.reason}"
+            # 409: someone else wrote the lease since we read it (a rival took it, or won the race
+            # for it): step down now; the next try re-reads and renews if the lease is still ours.
+            return self._lose()
+        except Exception as e:  # network trouble: keep leading only while the last renewal is fresh
+            self.last_error = f"{type(e).__name__}: {e}"
+            return self.is_leader()
+
+    def _lose(self) -> bool:
+        self._renewed_at = None
+        return False
+
+    def is_leader(self) -> bool:
+        """Leader while the last successful renewal is younger than the lease duration (after
+        that a follower may already have taken over)."""
+        if self._renewed_at is None:
+            return False
+        if self._now() >= self._renewed_at + timedelta(seconds=self.lease_duration_s):
+            self._renewed_at = None
+            return False
+        return True
+
+    def release(self) -> None:
+        """Hand over at once: blank holder and a 1 s duration, as client-go does on release."""
+        from kubernetes.client.exceptions import ApiException
+
+        if self._renewed_at is None:
+            return
+        try:
+            lease = self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=self.request_timeout_s)
+            if lease.spec and lease.spec.holder_identity == self.identity:
+                lease.spec.holder_identity = ""
+                lease.spec.lease_duration_seconds = 1
+                self.api.replace_namespaced_lease(self.name, self.namespace, lease, _request_timeout=self.request_timeout_s)
+        except ApiException as e:
+            self.last_error = f"{e.status}: {e.reason}"
+        finally:
+            self._renewed_at = None
+
+
+__all__ = [
+    "KubernetesLeaseElector", "LeaderElector", "PostgresAdvisoryLock", "default_identity",
+    "libpq_dsn", "lock_key",
+]
