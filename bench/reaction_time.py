@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import random
 import statistics
 import sys
@@ -123,8 +124,8 @@ class TritonLoad(LoadDriver):
         import os
 
         import numpy as np
-        from pytriton.model_config import ModelConfig, Tensor
-        from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
+        from pytriton.model_config import ModelConfig, Tensor  # type: ignore[import-untyped]
+        from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig  # type: ignore[import-untyped]
 
         def infer(requests: list[Any]) -> list[dict[str, Any]]:
             time.sleep(SERVICE_S * len(requests))
@@ -147,7 +148,7 @@ class TritonLoad(LoadDriver):
 
     def step_up(self) -> float:
         import numpy as np
-        import tritonclient.http as th
+        import tritonclient.http as th  # type: ignore[import-untyped]
 
         self.stop_event = ev = threading.Event()
 
@@ -197,8 +198,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stack.callback(prom.close)
         prom.start()
         prom.wait_for(f'nv_inference_pending_request_count{{model="{MODEL}"}}', timeout_s=30)
-        src = PrometheusMetricsSource(prom.url, PromQueries(rate_window=f"{max(int(4 * args.scrape_interval_s), 2)}s"),
-                                      timeout_s=max(args.tick_s, 1.0))
+        # only the signals a scale-up decision reads (the model serves no tokens, has no GPU)
+        queries = PromQueries(rate_window=f"{max(int(4 * args.scrape_interval_s), 2)}s", gpu_utilization_pct=None,
+                              output_tokens_per_s=None, input_tokens_per_s=None, kv_cache_utilization_pct=None,
+                              gpu_power_kw=None)
+        src = PrometheusMetricsSource(prom.url, queries, timeout_s=max(args.tick_s, 1.0))
         stack.callback(src.close)
 
         def tick() -> ModelSignals:
@@ -260,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queue-per-replica", type=float, default=4.0, help="stand-in decider: waiting requests per replica")
     p.add_argument("--p99-ms", type=float, default=500.0, help="stand-in decider: p99 latency target, ms")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--verbose", action="store_true", help="show the metrics source's log lines")
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="%(levelname)s %(name)s %(message)s")
     result = run(args)
     if args.json:
         print(json.dumps(result))

@@ -107,6 +107,7 @@ class Daemon:
         self.last_signals: dict[str, ModelSignals] = {}
         self.last_errors: dict[str, str] = {}
         self.observed_once: set[str] = set()
+        self.standby = False
         self.last_success_at: datetime | None = None
         self.last_tick_at: datetime | None = None
         self.consecutive_failures = 0
@@ -261,10 +262,15 @@ class Daemon:
         if not self.is_leader():
             # Followers observe nothing and act on nothing: one daemon decides at a time.
             report.skipped = "not the leader"
+            self.standby = True
             self.metrics.leader.set(0)
             self.metrics.ticks.labels(result="skipped").inc()
             return report
         self.metrics.leader.set(1)
+        if self.standby:
+            # just took over: the leader before us may have decided since we last read the log
+            self.standby = False
+            self._history_loaded = False
         self._ensure_history(now)
         signals = self._observe(now)
         policies = self.policy_store.policies()
@@ -415,6 +421,11 @@ class Daemon:
                 "dry_run": self.dry_run,
                 "degraded": dict(getattr(self.metrics_source, "degraded", {}) or {}),
             }
+        detail["role"] = "standby" if self.standby else "leader"
+        if self.standby:
+            # a healthy standby is ready (so a PodDisruptionBudget counts it); it takes over on loss
+            # of the leader and then has to observe before acting, like any fresh start
+            return True, detail
         limit = timedelta(seconds=3 * self.config.loop.interval_s + 1)
         ready = (last is not None and now - last <= limit
                  and self.consecutive_failures < self.config.loop.ready_after_failed_ticks

@@ -50,6 +50,12 @@ def load_config(path: Path) -> DaemonConfig:
         lines = [f"{path}: {'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in e.errors()]
         raise ConfigError("\n".join(lines)) from e
     base = Path(path).resolve().parent
+    from controller.bundle import BundleError, check_daemon_config
+
+    try:
+        check_daemon_config(cfg, Path(path))  # a model's bundle manifest must agree with its entry
+    except BundleError as e:
+        raise ConfigError(f"{path}: {e}") from e
     updates: dict[str, Any] = {}
     if not cfg.policies_dir.is_absolute():
         updates["policies_dir"] = base / cfg.policies_dir

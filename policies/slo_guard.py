@@ -167,6 +167,8 @@ class SloGuard(PolicyKind):
             else:
                 planned = per_replica * p.capacity_fraction
                 desired = ceil_replicas(value / planned)
+                if value > 0:
+                    desired = max(desired, 1)  # any served load needs a replica (no underflow to 0)
                 above = desired > current
                 replicas = desired
                 shown = (f"{sub} {value:g}{shown_unit} / ({per_replica:g} x {p.capacity_fraction:g} "

@@ -51,7 +51,10 @@ ABOVE_REASON: dict[str, Reason] = {
 def ceil_replicas(x: float) -> int:
     """``ceil`` that ignores float noise (10 * 0.8 / 0.8 must give 10, not 11) with a relative
     margin, so that any positive load still needs at least one replica."""
-    return max(0, math.ceil(x - abs(x) * 1e-9))
+    if x <= 0:
+        return 0
+    # a positive load needs a replica even when the division underflowed to a denormal
+    return max(1, math.ceil(x - x * 1e-9))
 
 
 def proportional_base(ctx: PolicyContext) -> int:

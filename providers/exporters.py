@@ -30,12 +30,13 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-import yaml
+import yaml  # type: ignore[import-untyped]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -181,7 +182,7 @@ class GpuState:
 
     def __post_init__(self) -> None:
         if not self.uuid:
-            self.uuid = f"GPU-{abs(hash((self.hostname, self.gpu))) % 10**12:012d}-0000-0000-0000-000000000000"
+            self.uuid = f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{self.hostname}/{self.gpu}')}"
 
 
 def triton_families(models: Mapping[str, TritonModelState], trtllm: Mapping[str, TrtLlmState]) -> list[Family]:

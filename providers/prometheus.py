@@ -21,7 +21,8 @@ Reasons are ``"Code: detail"`` strings; ``reason_code(sample)`` returns the code
 ``NoData``, ``SeveralSeries``, ``NaN``, ``Inf``, ``Stale``, ``HTTP <status>``, ``Timeout``,
 ``ConnectionRefused``, ``ConnectionError``, ``InvalidJSON``, ``BadResponse``, ``QueryError``,
 ``NotConfigured``, ``NoRequests`` (latency undefined: nothing completed in the window),
-``Partial`` (some pools invalid: the value covers the others), and the informational
+``Partial`` (some pools invalid: the value covers the others), ``NoValidPool`` (every pool
+invalid, for different reasons), and the informational
 ``AverageNotP99`` / ``P99OfFirstResponse`` on present values.
 """
 
@@ -60,6 +61,7 @@ class Code(str, enum.Enum):
     NOT_CONFIGURED = "NotConfigured"
     NO_REQUESTS = "NoRequests"
     PARTIAL = "Partial"
+    NO_VALID_POOL = "NoValidPool"
     AVERAGE_NOT_P99 = "AverageNotP99"
     P99_OF_FIRST_RESPONSE = "P99OfFirstResponse"
 
@@ -149,31 +151,31 @@ class PromQueries(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     rate_window: str = Field(
-        "1m", pattern=r"^[0-9]+(ms|s|m|h)$",
+        default="1m", pattern=r"^[0-9]+(ms|s|m|h)$",
         description="Range of rate() windows. At least 4 scrape intervals so a single missed scrape does not empty the rate; longer smooths more and reacts later.")
     queue_depth: str | None = Field(
-        DEFAULT_QUEUE_DEPTH,
+        default=DEFAULT_QUEUE_DEPTH,
         description="Requests waiting per model and pool. TensorRT-LLM: nv_trt_llm_request_metrics{request_type=\"waiting\"} (the in-flight batcher's queue); other Triton backends: nv_inference_pending_request_count. Pools add up.")
     p99_latency_ms: str | None = Field(
-        DEFAULT_P99_LATENCY_MS,
+        default=DEFAULT_P99_LATENCY_MS,
         description="p99 request latency in ms, first answer wins: Triton's summary quantile (needs --metrics-config summary_latencies=true), then histogram_quantile over nv_inference_first_response_histogram_ms (time to first response; histogram_latencies=true), then the mean from the cumulative duration counters, marked AverageNotP99 through the tidegate_estimate label. The worst pool counts.")
     gpu_utilization_pct: str | None = Field(
-        DEFAULT_GPU_UTILIZATION_PCT,
+        default=DEFAULT_GPU_UTILIZATION_PCT,
         description="GPU utilization 0-100 of the GPUs of the serving pods: DCGM_FI_DEV_GPU_UTIL joined on (namespace, pod) to Triton's series. Pools combine as the unweighted mean.")
     request_rate_per_s: str | None = Field(
-        DEFAULT_REQUEST_RATE, description="Successful requests per second (rate of nv_inference_request_success). Pools add up.")
+        default=DEFAULT_REQUEST_RATE, description="Successful requests per second (rate of nv_inference_request_success). Pools add up.")
     output_tokens_per_s: str | None = Field(
-        DEFAULT_OUTPUT_TOKENS, description="Output tokens per second: rate of the sum of the TensorRT-LLM backend's nv_llm_output_token_len histogram. Pools add up.")
+        default=DEFAULT_OUTPUT_TOKENS, description="Output tokens per second: rate of the sum of the TensorRT-LLM backend's nv_llm_output_token_len histogram. Pools add up.")
     input_tokens_per_s: str | None = Field(
-        DEFAULT_INPUT_TOKENS, description="Prompt tokens per second: rate of the sum of nv_llm_input_token_len. Pools add up.")
+        default=DEFAULT_INPUT_TOKENS, description="Prompt tokens per second: rate of the sum of nv_llm_input_token_len. Pools add up.")
     kv_cache_utilization_pct: str | None = Field(
-        DEFAULT_KV_CACHE_PCT,
+        default=DEFAULT_KV_CACHE_PCT,
         description="KV-cache blocks in use, percent: nv_trt_llm_kv_cache_block_metrics fraction, or used/max on backends without it. The worst pool counts.")
     gpu_power_kw: str | None = Field(
-        DEFAULT_GPU_POWER_KW,
+        default=DEFAULT_GPU_POWER_KW,
         description="Power drawn by the serving pods' GPUs in kW: rate of DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (mJ since boot) / 1e6. Used for the energy part of on-prem cost.")
     freshness: str | None = Field(
-        DEFAULT_FRESHNESS,
+        default=DEFAULT_FRESHNESS,
         description="Unix time of the oldest latest scrape per (model, pool). A query's evaluation time says nothing about how old the data is (a restarted Prometheus serves its last pre-restart scrape for up to its lookback delta); samples are dated by this instead and count as stale past max_sample_age_s. null: date samples by the evaluation time.")
 
     def render(self, name: str, model_label: str, pool_label: str) -> str | None:
@@ -181,6 +183,25 @@ class PromQueries(BaseModel):
         if text is None:
             return None
         return Template(text).substitute(model=model_label, pool=pool_label, window=self.rate_window)
+
+
+class PrometheusSettings(BaseModel):
+    """The ``prometheus`` section of the real providers' settings (``providers.settings`` in the
+    daemon config)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(description="Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090.")
+    timeout_s: float = Field(default=2.0, gt=0, description="Per-query timeout, seconds (sent to Prometheus too). After a timeout the tick's other queries are skipped, so a dead Prometheus costs one timeout per tick.")
+    max_sample_age_s: float = Field(default=30.0, gt=0, description="Samples whose data is older than this count as missing (Stale), seconds. A few scrape intervals.")
+    pool_label: str = Field(default="pool", description="Label telling pools apart on Triton's series (attached by the scrape config, e.g. from the Deployment's or node pool's label).")
+    model_label: str = Field(default="model", description="Label holding the model bundle name (Triton's own 'model' label when Triton's model names are the bundle names).")
+    queries: PromQueries = Field(default_factory=PromQueries, description="PromQL per signal; see PromQueries.")
+
+    def build(self, **kw: Any) -> "PrometheusMetricsSource":
+        return PrometheusMetricsSource(self.url, self.queries, timeout_s=self.timeout_s,
+                                       max_sample_age_s=self.max_sample_age_s, pool_label=self.pool_label,
+                                       model_label=self.model_label, **kw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,10 +341,10 @@ class PrometheusMetricsSource:
                     continue
                 samples = {pool: ps[sig] for (m, pool), ps in per_pool.items() if m == n and sig in ps}
                 per_model[n][sig] = self._combine(sig, n, samples, ran.get(sig, ""))
-        signals = {
-            n: ModelSignals(model=n, at=now, **{s: per_model[n][s] for s in SIGNALS})
-            for n in names
-        }
+        signals = {}
+        for n in names:
+            fields: dict[str, Any] = {s: per_model[n][s] for s in SIGNALS}
+            signals[n] = ModelSignals(model=n, at=now, **fields)
         obs = Observation(at=now, models=signals, pools={k: dict(v) for k, v in per_pool.items()}, queries=queries)
         self.last = obs
         return obs
@@ -348,9 +369,9 @@ class PrometheusMetricsSource:
         where = f"model={model} pool={pool or '-'}"
         if len(series) > 1:
             shown = "; ".join(_fmt_labels(s.labels) for s in series[:3])
-            reason = (f"{Code.SEVERAL_SERIES.value}: {len(series)} series for {where} where one was expected"
-                      f" (group the query by {self.model_label} and {self.pool_label}): {shown}")
-            return Sample.missing(reason)
+            return Sample.missing(
+                f"{Code.SEVERAL_SERIES.value}: {len(series)} series for {where} where one was expected"
+                f" (group the query by {self.model_label} and {self.pool_label}): {shown}")
         s = series[0]
         at = s.at if fresh is None else min(s.at, fresh)
         try:
@@ -364,7 +385,7 @@ class PrometheusMetricsSource:
         age_s = (now - at).total_seconds()
         if age_s > self.max_sample_age_s:
             return Sample.missing(f"{Code.STALE.value}: {where} sample is {age_s:.1f}s old (max {self.max_sample_age_s:g}s)", at)
-        reason = None
+        reason: str | None = None
         est = s.labels.get(ESTIMATE_LABEL)
         if est == "mean":
             # Only cumulative duration counters exist for this model: what we have is a mean.
@@ -376,9 +397,9 @@ class PrometheusMetricsSource:
 
     def _combine(self, sig: str, model: str, samples: Mapping[str, Sample], query: str) -> Sample:
         if not samples:
-            reason = f"{Code.NO_DATA.value}: no series for model={model}"
-            self._note(sig, model, "*", reason, query)
-            return Sample.missing(reason)
+            why = f"{Code.NO_DATA.value}: no series for model={model}"
+            self._note(sig, model, "*", why, query)
+            return Sample.missing(why)
         self._note(sig, model, "*", None, query)
         good = {p: s for p, s in samples.items() if s.value is not None}
         # an idle pool has no latency; it is not missing data about the pools that do
@@ -392,7 +413,9 @@ class PrometheusMetricsSource:
             if len(bad) == 1:
                 return next(iter(bad.values()))
             ats = [s.at for s in bad.values() if s.at is not None]
-            return Sample.missing("; ".join(f"{p or '-'}: {s.reason}" for p, s in sorted(bad.items())),
+            codes = sorted({reason_code(s) or Code.NO_DATA.value for s in bad.values()})
+            lead = codes[0] if len(codes) == 1 else Code.NO_VALID_POOL.value
+            return Sample.missing(f"{lead}: " + "; ".join(f"{p or '-'}: {s.reason}" for p, s in sorted(bad.items())),
                                   min(ats) if ats else None)
         vals = [s.value for s in good.values() if s.value is not None]
         how = COMBINE.get(sig, "sum")

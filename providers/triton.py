@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-import tritonclient.http as triton_http
-from tritonclient.utils import InferenceServerException
+import tritonclient.http as triton_http  # type: ignore[import-untyped]
+from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
 
 from controller.core.model import ModelSignals, ModelSpec, Sample
 
@@ -40,7 +40,6 @@ NO_REQUESTS = "NoRequests"
 PARTIAL = "Partial"
 ESTIMATED = "TritonStatistics"
 AVERAGE_NOT_P99 = "AverageNotP99"
-STALE = "Stale"
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +300,7 @@ class CombinedMetricsSource:
         for m in models:
             p = prim.get(m.name) or ModelSignals(model=m.name, at=now)
             f = fb.get(m.name)
-            changes: dict[str, Sample] = {}
+            changes: dict[str, Any] = {}
             missing: list[str] = []
             filled: list[str] = []
             for sig in self.fill:

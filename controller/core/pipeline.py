@@ -285,8 +285,9 @@ def decide(
         fixed, drained = effect.pool_constraints(previous, pol_max)
         fixed_sum = sum(fixed.values())
         if fixed_sum > value:
-            # Pool pins need at least their sum (already capped at the policy's max).
-            value, reason = fixed_sum, Reason.OVERRIDE_PIN.value
+            # Pinned and frozen pools need at least their sum (already capped at the policy's max).
+            value = fixed_sum
+            reason = (Reason.OVERRIDE_FREEZE if effect.frozen_pools else Reason.OVERRIDE_PIN).value
         trace.append(Stage("overrides", value, reason, effect.describe()))
 
     # 9-10. placement within the budget
@@ -340,10 +341,11 @@ def decide(
     # 11. outcome
     actuate = True
     cost = result.cost_per_hour_usd
+    replaced = result.interrupted_replaced
     if effect.freeze is not None:
         trace.append(Stage("outcome", current, Reason.OVERRIDE_FREEZE.value,
                            f"frozen by override #{effect.freeze.id}: would place {placed}, keeping {current}"))
-        placement, placed, actuate = dict(previous), current, False
+        placement, placed, actuate, replaced = dict(previous), current, False, 0
         cost = placement_cost(model, pools, states, previous)
         reason = Reason.PAUSED.value if paused else Reason.OVERRIDE_FREEZE.value
     elif paused:
@@ -361,5 +363,5 @@ def decide(
         previous_placement=previous, recommendations=tuple(recs), trace=tuple(trace), reason=reason,
         actuate=actuate, cost_per_hour_usd=cost, policy_version=policy.version,
         history=History(recommendations=recommendations, scale_events=events, rule_state=rule_state),
-        interrupted_replaced=result.interrupted_replaced,
+        interrupted_replaced=replaced,
     )

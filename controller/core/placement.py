@@ -38,7 +38,7 @@ from controller.core.model import ModelSpec, PoolKind, PoolSpec, PoolState
 from controller.core.reasons import Reason
 from controller.core.spec import Placement as PlacementSpec
 
-DEFAULT_PLACEMENT = PlacementSpec()
+DEFAULT_PLACEMENT = PlacementSpec.model_validate({})
 """Used when no placement spec is given (built once: pydantic models are not built per call)."""
 
 _EPS_USD = 1e-9

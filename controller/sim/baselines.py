@@ -531,27 +531,73 @@ def _forward_max(x: np.ndarray, width: int) -> np.ndarray:
 
 
 class OracleController:
-    """``oracle``: future-aware, cheapest-capacity-first, just in time (see the module doc)."""
+    """``oracle``: future-aware, cheapest-capacity-first, just in time (see the module doc).
+
+    Demand at ``t`` is the larger of (a) the next minute's arrival rate, to be served at the
+    per-replica rate that meets the SLO, and (b) for every burst window ``W`` of 5-60 s starting at
+    ``t`` (on a 1 s grid), the work arriving in it, to be done within ``W`` plus the TTFT target at 80 % of a
+    replica's maximum rate (what absorbing the burst inside the SLO takes). Work is counted in
+    "average requests": a request weighs its prompt's prefill time over the mean's, so a burst of
+    long prompts counts for more. Each pool's replicas are ordered provisioning delay plus cold start
+    (plus one tick) ahead and kept while they will be needed again within that lead.
+    """
 
     node_mode: Literal["direct", "autoscaler"] = "direct"
 
-    def __init__(self, interval_s: float = 5.0, window_s: float = 60.0, name: str = "oracle") -> None:
+    def __init__(self, interval_s: float = 5.0, window_s: float = 60.0,
+                 burst_windows_s: Sequence[float] = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0), fine_s: float = 1.0,
+                 burst_utilization: float = 0.8, name: str = "oracle") -> None:
         self.name = name
+        self.fine_s = fine_s
+        self.burst_utilization = burst_utilization
         self.interval_s = interval_s
         self.window_s = window_s
+        self.burst_windows_s = tuple(burst_windows_s)
         self.plan: dict[str, np.ndarray] = {}
+
+    def _work_per_bin(self, setup: SimSetup, g: float, n: int) -> np.ndarray:
+        """Arrivals per bin of ``g`` seconds, weighted by prefill work (average request = 1)."""
+        w = setup.workload
+        if isinstance(w, RequestTrace):
+            prof = setup.profiles[setup.pools[setup.model.pools[0]].gpu_type]
+            p = w.prompt_tokens.astype(np.float64)
+            work = prof.prefill_ms_per_token * p + prof.prefill_ms_per_token_sq * p * p
+            weight = work / work.mean() if len(work) and work.mean() > 0 else np.ones(len(p))
+            idx = np.minimum((w.arrival_s / g).astype(np.int64), n - 1)
+            return np.bincount(idx, weights=weight, minlength=n)[:n]
+        return rate_profile(w, g, n * g) * g
 
     def _build(self, setup: SimSetup) -> None:
         g = self.interval_s
         span = setup.span_s
         n = int(math.ceil(span / g)) + 2
-        counts = rate_profile(setup.workload, g, n * g) * g
-        per = max(1, int(round(self.window_s / g)))
-        c = np.concatenate([np.cumsum(counts), np.full(per, counts.sum())])
-        c0 = np.concatenate([[0.0], c])
-        demand = (c0[per: per + n] - c0[:n]) / (per * g)   # arrivals per s over [t, t + window)
+        # demand on a fine grid (bursts shorter than a tick matter), then the max over each tick
+        fine = self.fine_s
+        sub = max(1, int(round(g / fine)))
+        nf = n * sub
+        counts = self._work_per_bin(setup, fine, nf)
+        c0 = np.concatenate([[0.0], np.cumsum(counts)])
+
+        def arrivals(width_bins: int) -> np.ndarray:
+            hi = np.minimum(np.arange(nf) + width_bins, nf)
+            return c0[hi] - c0[:nf]
+
+        per = max(1, int(round(self.window_s / fine)))
+        sustained = arrivals(per) / (per * fine)                  # requests/s over the next minute
         model = setup.model
         pools = setup.model_pools()
+        ref = next((p.gpu_type for p in pools if p.kind.is_onprem), pools[0].gpu_type)
+        r_slo_ref = setup.rate_at_slo(ref)
+        r_max_ref = setup.fluid_model(ref).max_rate_per_s
+        burst = np.zeros(nf)
+        if r_slo_ref > 0 and r_max_ref > 0:
+            ttft = setup.slo.ttft_s
+            for wsec in self.burst_windows_s:
+                k = max(1, int(round(wsec / fine)))
+                need_rate = arrivals(k) / (k * fine + ttft)        # requests/s to finish the burst in time
+                burst = np.maximum(burst, need_rate)
+            burst *= r_slo_ref / (self.burst_utilization * r_max_ref)  # in units of the SLO-rate demand
+        demand = np.maximum(sustained, burst).reshape(n, sub).max(axis=1)
         t = np.arange(n) * g
         rows = []
         for p in pools:
@@ -564,9 +610,7 @@ class OracleController:
             cap = np.full(n, p.max_nodes * per_node, dtype=np.int64)
             sm = setup.spot.get(p.name)
             if sm is not None and (sm.trace is not None or sm.unavailable_windows):
-                nodes = np.array([sm.capacity_nodes(float(x)) if sm.capacity_nodes(float(x)) is not None else p.max_nodes
-                                  for x in t], dtype=np.int64) if n < 20000 else self._cap_fast(sm, t, p.max_nodes)
-                cap = np.minimum(cap, nodes * per_node)
+                cap = np.minimum(cap, self._cap_fast(sm, t, p.max_nodes) * per_node)
             lead = (0.0 if p.kind.is_onprem else p.provisioning_delay_s) + model.cold_start_s + g
             cost_per_req = p.price_per_node_hour_usd / per_node / r
             rows.append((cost_per_req, p.kind.tier, p.name, r, cap, lead))

@@ -376,6 +376,8 @@ class FluidReplicaModel:
         p = grid.prompt
         o = grid.output
         self.prefill_work_s = (prof.prefill_ms_per_token * p + prof.prefill_ms_per_token_sq * p * p) / 1000.0
+        # chunked prefill: a prompt takes ceil(P / max_num_tokens) iterations, each with a decode step
+        self.prefill_iters = np.maximum(1.0, np.ceil(p / prof.max_num_tokens))
         self.mean_out = float(o.mean())
         # context held by a decoding sequence, weighted by how long it stays (its output length)
         self.ctx = float((o * (p + 0.5 * o)).sum() / max(o.sum(), 1e-9))
@@ -420,7 +422,7 @@ class FluidReplicaModel:
         assert dec is not None
         batch, rho, tpot = dec
         it_s = prof.iteration_s(batch, batch * self.ctx)
-        service = self.prefill_work_s + it_s
+        service = self.prefill_work_s + self.prefill_iters * it_s
         es = float(service.mean())
         es2 = float((service * service).mean())
         rho_q = min(r_eff * es, 0.999)

@@ -467,6 +467,8 @@ class AwsFault:
     body: bytes
     content_type: str = "text/xml"
     times: int = 1
+    params: Mapping[str, str] | None = None
+    """Only requests carrying these parameters (e.g. one ``AutoScalingGroupName``)."""
 
 
 @dataclass(frozen=True)
@@ -526,7 +528,7 @@ class _AwsProxyHandler(http.server.BaseHTTPRequestHandler):
             q = parse_qs(body.decode(), keep_blank_values=True)
             params = {k: v[0] for k, v in q.items()}
             action = str(params.get("Action", ""))
-        fault = self.peer._take_fault(action)
+        fault = self.peer._take_fault(action, params)
         self.peer._record(AwsRequest(action, params, "fault" if fault else "moto"))
         if fault is not None:
             self._answer(fault.status, fault.content_type, fault.body)
@@ -600,16 +602,18 @@ class AwsPeer:
         return boto3.client(service, endpoint_url=self.moto_url if direct else self.url, region_name=AWS_REGION,
                             aws_access_key_id="testing", aws_secret_access_key="testing")
 
-    def fault(self, action: str, status: int, body: bytes, *, times: int = 1,
-              content_type: str = "text/xml") -> AwsFault:
-        f = AwsFault(action, status, body, content_type, times)
+    def fault(self, action: str, status: int, body: bytes, *, times: int = 1, content_type: str = "text/xml",
+              params: Mapping[str, str] | None = None) -> AwsFault:
+        f = AwsFault(action, status, body, content_type, times, params)
         with self._lock:
             self._faults.append(f)
         return f
 
-    def _take_fault(self, action: str) -> AwsFault | None:
+    def _take_fault(self, action: str, params: Mapping[str, Any]) -> AwsFault | None:
         with self._lock:
             for f in self._faults:
+                if f.params and any(params.get(k) != v for k, v in f.params.items()):
+                    continue
                 if f.action == action and f.times > 0:
                     f.times -= 1
                     return f

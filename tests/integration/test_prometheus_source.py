@@ -18,7 +18,8 @@ from urllib.parse import parse_qs, urlparse
 import httpx
 import pytest
 
-from controller.core.model import ModelSignals, ModelSpec, ReplicaCapacity
+from controller.core.model import ModelSignals, ModelSpec, PoolKind, PoolSpec, PoolState, ReplicaCapacity
+from providers.cost import OnPremCost, pool_cost_per_hour_usd
 from providers.exporters import (
     Histogram,
     HistogramRamp,
@@ -29,7 +30,7 @@ from providers.exporters import (
     TRT_LLM_TOKEN_BUCKETS,
     free_port,
 )
-from providers.prometheus import SIGNALS, Observation, PrometheusMetricsSource, PromQueries, reason_code
+from providers.prometheus import SIGNALS, Observation, PrometheusMetricsSource, PrometheusSettings, PromQueries, reason_code
 from tests.integration.conftest import LAB_GPU_POWER_W, LAB_GPU_UTIL_PCT, MetricsLab, prometheus_binary_or_skip
 
 FAST = PromQueries(rate_window="5s")
@@ -104,6 +105,12 @@ def test_every_signal_per_model_and_pool_from_real_exporter_text(metrics_lab: Me
     # GPU power from the DCGM energy counter joined to each pool's pod
     assert obs.pools[(m, "onprem")]["gpu_power_kw"].value == pytest.approx(2 * LAB_GPU_POWER_W["onprem"] / 1000, rel=0.05)
     assert obs.pools[(m, "aws-spot")]["gpu_power_kw"].value == pytest.approx(LAB_GPU_POWER_W["aws-spot"] / 1000, rel=0.05)
+    # the cost of the on-prem pool includes the energy DCGM reports for its pod's GPUs
+    site = OnPremCost(capital_usd_per_gpu_hour=1.0, energy_usd_per_kwh=0.5)
+    onprem_pool = PoolSpec("onprem", PoolKind.ONPREM, "A100", gpus_per_node=8, max_nodes=2, price_per_node_hour_usd=9.0)
+    power = obs.by_pool(m, "gpu_power_kw")
+    cost = pool_cost_per_hour_usd(onprem_pool, PoolState("onprem", 2, nodes=1), now(), onprem=site, power_kw=power["onprem"])
+    assert cost.value == pytest.approx(8 * 1.0 + 2 * LAB_GPU_POWER_W["onprem"] / 1000 * 0.5, rel=0.01)
     # samples are dated by the data, which is at most a couple of scrapes old
     assert s.queue_depth.at is not None and (now() - s.queue_depth.at).total_seconds() < 5
     assert isinstance(s, ModelSignals) and s.at <= now()
@@ -414,3 +421,18 @@ def test_timestamps_in_the_future_are_not_stale_and_stale_uses_the_callers_now(f
     assert earlier.queue_depth.value == 2.0
     assert later.queue_depth.value is None and reason_code(later.queue_depth) == "Stale"
     assert math.isclose(earlier.queue_depth.at.timestamp(), t, abs_tol=1e-3)  # type: ignore[union-attr]
+
+
+def test_pools_told_apart_by_another_label_from_settings(metrics_lab: MetricsLab) -> None:
+    m = "by-pod-label"
+    metrics_lab.triton["onprem"].set_model(m, pending=2)
+    metrics_lab.triton["aws-spot"].set_model(m, pending=3)
+    settings = PrometheusSettings.model_validate({
+        "url": metrics_lab.prometheus.url, "pool_label": "pod", "max_sample_age_s": 20,
+        "queries": {"rate_window": "5s", "kv_cache_utilization_pct": None}})
+    with settings.build() as src:
+        obs = poll(lambda: src.observe_detailed([spec(m)], now()), lambda o: o.models[m].queue_depth.value == 5.0)
+    assert set(obs.by_pool(m, "queue_depth")) == {"triton-onprem-0", "triton-spot-0"}
+    assert reason_code(obs.models[m].kv_cache_utilization_pct) == "NotConfigured"
+    with pytest.raises(ValueError, match="unknown_signal"):
+        PromQueries.model_validate({"unknown_signal": "up"})

@@ -247,3 +247,21 @@ def test_prometheus_on_real_triton_killed_falls_back_to_triton_and_recovers(trit
         fallback.close()
         primary.close()
         prom.close()
+
+
+def test_combined_with_both_sources_down_is_degraded_and_missing_never_zero() -> None:
+    """No Triton installed needed: nothing listens on either port."""
+    primary = PrometheusMetricsSource(f"http://127.0.0.1:{free_port()}", timeout_s=0.5)
+    fallback = TritonFallback({MODEL: [TritonReplica(f"127.0.0.1:{free_port()}", "cpu")]}, timeout_s=0.5)
+    src = CombinedMetricsSource(primary, fallback)
+    try:
+        for _ in range(2):  # the second tick has a baseline attempt behind it, still nothing
+            s = src.observe([spec()], now())[MODEL]
+            assert s.queue_depth.value is None and s.p99_latency_ms.value is None
+            assert reason_code(s.queue_depth) == "ConnectionRefused"
+        assert src.degraded[MODEL].startswith("PrometheusUnavailable")
+        assert src.degraded[MODEL].endswith("Triton fallback had no data either")
+        assert fallback.ready_replicas(MODEL) == {"cpu": 0}
+    finally:
+        fallback.close()
+        primary.close()

@@ -265,12 +265,13 @@ def scenarios(draw: st.DrawFn, with_cap: bool | None = None, min_spread: int = 1
         )
     model = ModelSpec(name="m", tp_degree=tp, quantization="fp8", gpu_types=model_gpus, cold_start_s=60,
                       capacity={g: ReplicaCapacity(100.0, 1.0) for g in model_gpus}, pools=tuple(pools))
-    spec = Placement(spot_spread_min_pools=draw(st.integers(min_spread, 3)), allow_on_demand=draw(st.booleans()),
-                     max_recent_interruptions=draw(st.integers(0, 4)))
+    placement = Placement.model_validate({
+        "spot_spread_min_pools": draw(st.integers(min_spread, 3)), "allow_on_demand": draw(st.booleans()),
+        "max_recent_interruptions": draw(st.integers(0, 4))})
     if with_cap is None:
         with_cap = draw(st.booleans())
     cap = draw(st.integers(1, 400)) / 2 if with_cap else None
-    return Scenario(model, pools, sts, spec, draw(st.integers(0, 30)), cap)
+    return Scenario(model, pools, sts, placement, draw(st.integers(0, 30)), cap)
 
 
 def _place(sc: Scenario):
@@ -356,14 +357,14 @@ def check_all(sc: Scenario) -> None:
     assert _place(sc) == res  # deterministic
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_prop_placement_invariants(sc: Scenario) -> None:
     check_all(sc)
 
 
 # Without a budget and with a spread asked for, so the spread property is exercised often.
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=75, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(with_cap=False, min_spread=2))
 def test_prop_placement_invariants_spread(sc: Scenario) -> None:
     check_all(sc)

@@ -7,6 +7,7 @@ Cases follow the HPA's documented behaviour (kubernetes.io "Horizontal Pod Autos
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from typing import Literal
 
 import pytest
 
@@ -30,7 +31,7 @@ def pct(value: int, period_s: float) -> RateLimit:
     return RateLimit(type=RateLimitType.PERCENT, value=value, period_s=period_s)
 
 
-def rules(*policies: RateLimit, select: str = "max", cooldown_s: float = 0, window_s: float = 0) -> ScalingRules:
+def rules(*policies: RateLimit, select: Literal["max", "min", "disabled"] = "max", cooldown_s: float = 0, window_s: float = 0) -> ScalingRules:
     return ScalingRules(policies=policies, select=select, cooldown_s=cooldown_s, stabilization_s=window_s)
 
 
@@ -71,6 +72,7 @@ def test_tolerance(desired, current, tol, expected, reason) -> None:
         # scale-up: the lowest recommendation of the last 60 s wins
         (10, 3, [(30, 4)], 60, 300, 4, Reason.SCALE_UP_STABILIZED),
         (10, 3, [(90, 4)], 60, 300, 10, None),
+        (10, 3, [(60, 4)], 60, 300, 10, None),  # exactly window-old: outside
         # the window never pushes below current when going up
         (10, 5, [(30, 2)], 60, 0, 5, Reason.SCALE_UP_STABILIZED),
         # no windows: the desired value passes
