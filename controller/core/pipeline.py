@@ -55,7 +55,8 @@ from policies.base import PolicyContext, SLOTargets
 
 STAGES = ("recommend", "combine", "tolerance", "missing-data", "stabilize", "rate-limit", "bounds",
           "overrides", "placement", "budget", "outcome")
-"""Stage names, in order, as they appear in every full trace."""
+"""Stage names, in order, as they appear in every full trace. A decision taken before every pool
+was observed has the single stage ``observe`` (``NotObservedYet``)."""
 
 _EMPTY_STATE: Mapping[str, Any] = {}
 _TOKENS_PER_MILLION = 1e6
@@ -325,7 +326,7 @@ def decide(
                            f"${result.cost_per_hour_usd:.2f}/h, no cap" + (f"; {budget_note}" if budget_note else "")))
     elif result.budget_limited:
         reason = cap_reason
-        msg = f"${result.cost_per_hour_usd:.2f}/h within cap ${cap_usd:.2f}/h: placed {placed} of {value}"
+        msg = f"cap ${cap_usd:.2f}/h reached: ${result.cost_per_hour_usd:.2f}/h for {placed} of {value} replicas"
         if result.budget_removed:
             msg += f", removed {result.budget_removed}"
         if placed < lo:

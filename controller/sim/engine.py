@@ -84,6 +84,9 @@ _LOG_LO = math.log10(HIST_LO_S)
 _BINS_PER_DECADE = HIST_BINS / (math.log10(HIST_HI_S) - _LOG_LO)
 
 
+_NOT_SCRAPED = Sample.missing("NotScrapedYet")
+
+
 def hist_index(values_s: np.ndarray) -> np.ndarray:
     idx = ((np.log10(np.maximum(values_s, HIST_LO_S)) - _LOG_LO) * _BINS_PER_DECADE).astype(np.int64)
     return np.clip(idx, 0, HIST_BINS - 1)
@@ -315,6 +318,14 @@ class Simulation:
         self.decisions = 0
         self.decisions_changed = 0
         self.controller_errors: list[str] = []
+        self.version = 0
+        """Bumped on every change of pods, nodes or pool availability: observations and
+        reconciliation are recomputed only when it moved."""
+        self.obs_version = -1
+        self.obs_cache: tuple[dict[str, PoolState], dict[str, int], dict[str, int], dict[str, int]] | None = None
+        self.obs_expiry = INF
+        self.applied_version = -1
+        self.scrape_samples: dict[str, Sample] = {}
         self.killed_requests = 0
         self.mode = self._pick_mode()
         # workload as requests or flows
@@ -356,8 +367,19 @@ class Simulation:
         self.fluid_kv = math.nan
         self.fluid_p99: deque[tuple[float, float]] = deque()
         self.fluid_arrivals_log: deque[tuple[float, float]] = deque()
+        self.fluid_log_sum = 0.0
+        self.fluid_w: dict[tuple[str, int | None], float] = {}
+        self.rec_w: dict[tuple[str, int | None], float] = {}
+        self.fluid_gpu: dict[str, tuple[FluidReplicaModel, float, float]] = {}
+        grid = setup.grid
+        assert grid is not None
+        self.mean_out = grid.mean_output
+        self.mean_prompt = grid.mean_prompt
         if self.mode == "fluid":
             self._fluid_rate = self._make_fluid_rate()
+            for gpu in {setup.pools[n].gpu_type for n in self.model.pools}:
+                fmod = setup.fluid_model(gpu)
+                self.fluid_gpu[gpu] = (fmod, fmod.max_rate_per_s * 0.999, fmod.mean_out)
         # metrics scrape state
         self.scrape: dict[str, float | None] = {}
         self.scrape_at = -INF
@@ -440,6 +462,7 @@ class Simulation:
 
     # ------------------------------------------------------------------ nodes and pods
     def _new_node(self, pool: _Pool, ready_s: float, state: int) -> _Node:
+        self.version += 1
         self.node_ids += 1
         node = _Node(self.node_ids, pool, self.now, ready_s, state)
         pool.nodes.append(node)
@@ -455,6 +478,7 @@ class Simulation:
         """Order ``count`` nodes; returns how many the cloud accepted."""
         if count <= 0 or pool.onprem:
             return 0
+        self.version += 1
         self._bill(pool)
         alive = [n for n in pool.nodes if n.state != N_GONE]
         room = pool.spec.max_nodes - len(alive)
@@ -479,6 +503,7 @@ class Simulation:
         return launched
 
     def _release_node(self, node: _Node) -> None:
+        self.version += 1
         pool = node.pool
         self._bill(pool)
         node.state = N_GONE
@@ -507,6 +532,7 @@ class Simulation:
                 break
             if not best.pods:
                 changed = True
+            self.version += 1
             best.gpus_used += tp
             best.pods.append(pod)
             pod.node = best
@@ -517,6 +543,7 @@ class Simulation:
             self._bill(pool)
 
     def _pod_ready(self, pod: _Pod) -> None:
+        self.version += 1
         if pod.state != P_STARTING:
             return
         pod.state = P_READY
@@ -528,6 +555,7 @@ class Simulation:
             self._dispatch()
 
     def _unbind(self, pod: _Pod) -> None:
+        self.version += 1
         node = pod.node
         if node is None:
             return
@@ -553,6 +581,7 @@ class Simulation:
 
     def _kill_pod(self, pod: _Pod, recreate: bool) -> None:
         """The pod's node vanished (or was released): its requests go back to the gateway."""
+        self.version += 1
         if pod.state == P_GONE:
             return
         was_serving = pod.state in (P_READY, P_DRAINING)
@@ -576,6 +605,7 @@ class Simulation:
 
     def _remove_pod(self, pod: _Pod) -> None:
         """Scale-in of one pod: Pending/starting ones go at once, ready ones drain first."""
+        self.version += 1
         if pod.state == P_READY:
             self.ready_pods.remove(pod)
             if self.mode == "requests" and pod.replica is not None and pod.replica.in_flight > 0:
@@ -586,6 +616,7 @@ class Simulation:
         pod.pool.pods.remove(pod)
 
     def _pod_drained(self, pod: _Pod) -> None:
+        self.version += 1
         pool = pod.pool
         pod.state = P_GONE
         pod.replica = None
@@ -595,6 +626,7 @@ class Simulation:
             self._reconcile_nodes(pool)
 
     def _set_desired(self, pool: _Pool, n: int) -> None:
+        self.version += 1
         n = max(0, int(n))
         active = [p for p in pool.pods if p.state in (P_PENDING, P_STARTING, P_READY)]
         pool.desired = n
@@ -662,6 +694,7 @@ class Simulation:
 
     # ------------------------------------------------------------------ spot
     def _notice(self, node: _Node) -> None:
+        self.version += 1
         if node.state == N_GONE or node.noticed:
             return
         pool = node.pool
@@ -678,6 +711,7 @@ class Simulation:
             self._reconcile_nodes(pool)
 
     def _node_gone(self, node: _Node) -> None:
+        self.version += 1
         if node.state == N_GONE:
             return
         pool = node.pool
@@ -692,6 +726,7 @@ class Simulation:
             self._reconcile_nodes(pool)
 
     def _capacity_change(self, pool: _Pool) -> None:
+        self.version += 1
         spot = pool.spot
         assert spot is not None
         cap = spot.capacity_nodes(self.now)
@@ -787,19 +822,19 @@ class Simulation:
             self._dispatch()
 
     # ------------------------------------------------------------------ fluid mode
-    def _fluid_entry(self, gpu: str, r: float) -> tuple[SteadyState, float, float, float, np.ndarray, np.ndarray, np.ndarray, float]:
+    def _fluid_entry(self, gpu: str, r: float) -> tuple[tuple[str, int | None], tuple[SteadyState, float, float, float, np.ndarray, np.ndarray, np.ndarray, float]]:
         """Steady state of one replica at per-replica rate ``r`` (memoized on a 0.5 % grid): state,
         attainment (both / TTFT / TPOT), latency histogram shapes, p99 e2e."""
         key = (gpu, None if r <= 1e-9 else int(round(math.log(r) / 0.005)))
         hit = self.fluid_cache.get(key)
         if hit is not None:
-            return hit
+            return key, hit
         m = self.setup.fluid_model(gpu)
         r_q = 0.0 if key[1] is None else math.exp(key[1] * 0.005)
         st = m.steady(r_q)
         entry = self._fluid_shapes(m, st, 0.0)
         self.fluid_cache[key] = entry
-        return entry
+        return key, entry
 
     def _fluid_shapes(self, m: FluidReplicaModel, st: SteadyState, extra_wait_s: float) -> tuple[SteadyState, float, float, float, np.ndarray, np.ndarray, np.ndarray, float]:
         slo = self.setup.slo
@@ -838,85 +873,98 @@ class Simulation:
         step = self.opt.fluid_step_s
         now = self.now
         lam = self._fluid_rate(now)
-        n_arr = float(self.rng.poisson(lam * step)) if lam > 0 else 0.0
-        if now >= self.end_s:
-            n_arr = 0.0
+        n_arr = float(self.rng.poisson(lam * step)) if lam > 0 and now < self.end_s else 0.0
+        backlog = self.backlog
         if n_arr > 0:
-            self.backlog.append([now, n_arr])
+            backlog.append([now, n_arr])
             self.fluid_arrived += n_arr
             self.rec_arrivals += n_arr
         self.fluid_arrivals_log.append((now, n_arr))
+        self.fluid_log_sum += n_arr
         # drop what waited too long
         timeout = self.opt.request_timeout_s
-        while self.backlog and now - self.backlog[0][0] > timeout:
-            self.dropped += self.backlog.popleft()[1]
+        while backlog and now - backlog[0][0] > timeout:
+            self.dropped += backlog.popleft()[1]
         counts: dict[str, int] = {}
         for pod in self.ready_pods:
             counts[pod.gpu] = counts.get(pod.gpu, 0) + 1
+        fm = self.fluid_gpu
         cap = 0.0
         for gpu, c in counts.items():
-            cap += c * self.setup.fluid_model(gpu).max_rate_per_s * 0.999
+            cap += c * fm[gpu][1]
         budget = cap * step
         chunks: list[tuple[float, float]] = []
-        while self.backlog and budget > 1e-9:
-            b = self.backlog[0]
-            take = min(b[1], budget)
+        while backlog and budget > 1e-9:
+            b = backlog[0]
+            take = b[1] if b[1] < budget else budget
             chunks.append((now - b[0], take))
             budget -= take
             b[1] -= take
             if b[1] <= 1e-9:
-                self.backlog.popleft()
-        served = sum(c for _, c in chunks)
+                backlog.popleft()
+        served = 0.0
+        for _, c in chunks:
+            served += c
         s_rate = served / step
-        self.fluid_groups = {}
-        util = 0.0
-        kv = 0.0
-        waiting = 0.0
-        p99 = 0.0
-        out_rate = 0.0
+        groups: dict[str, tuple[float, SteadyState]] = {}
+        util = kv = waiting = p99 = 0.0
         n_ready = 0
+        fw = self.fluid_w
+        rw = self.rec_w
         for gpu, c in counts.items():
-            m = self.setup.fluid_model(gpu)
-            share = (m.max_rate_per_s * 0.999 * c) / cap if cap > 0 else 0.0
+            m, rmax, mean_out = fm[gpu]
+            share = rmax * c / cap if cap > 0 else 0.0
             r = s_rate * share / c
-            entry = self._fluid_entry(gpu, r)
+            key, entry = self._fluid_entry(gpu, r)
             st = entry[0]
-            self.fluid_groups[gpu] = (r, st)
+            groups[gpu] = (r, st)
             util += c * st.busy_frac
             kv += c * st.kv_frac
             waiting += c * r * st.mean_wait_s
             n_ready += c
-            n_g = served * share
-            if n_g <= 0:
+            if served <= 0:
                 continue
-            p99 = max(p99, entry[7])
+            if entry[7] > p99:
+                p99 = entry[7]
             for wait, cnt in chunks:
                 k = cnt * share
                 if wait <= 0.0:
-                    _, att, att_t, att_p, h_t, h_e, h_p, _ = entry
+                    att, att_t, att_p = entry[1], entry[2], entry[3]
+                    fw[key] = fw.get(key, 0.0) + k
+                    rw[key] = rw.get(key, 0.0) + k
                 else:
                     _, att, att_t, att_p, h_t, h_e, h_p, _ = self._fluid_shapes(m, st, wait)
+                    self.fluid_hist_ttft += k * h_t
+                    self.fluid_hist_e2e += k * h_e
+                    self.fluid_hist_tpot += k * h_p
+                    self.rec_hist_ttft += k * h_t
+                    self.rec_hist_e2e += k * h_e
                 self.fluid_ok += k * att
                 self.fluid_ok_ttft += k * att_t
                 self.fluid_ok_tpot += k * att_p
-                self.fluid_hist_ttft += k * h_t
-                self.fluid_hist_e2e += k * h_e
-                self.fluid_hist_tpot += k * h_p
-                self.rec_hist_ttft += k * h_t
-                self.rec_hist_e2e += k * h_e
-            out_rate += n_g / step * m.mean_out
+        self.fluid_groups = groups
         self.fluid_served += served
-        self.cum_out_tokens += served * (self.setup.grid.mean_output if self.setup.grid is not None else 0.0)
-        self.cum_in_tokens += served * (self.setup.grid.mean_prompt if self.setup.grid is not None else 0.0)
-        backlog = sum(b[1] for b in self.backlog)
-        self.fluid_queue = backlog + waiting
+        self.cum_out_tokens += served * self.mean_out
+        self.cum_in_tokens += served * self.mean_prompt
+        left = 0.0
+        for b in backlog:
+            left += b[1]
+        self.fluid_queue = left + waiting
         self.fluid_util = 100.0 * util / n_ready if n_ready else math.nan
         self.fluid_kv = 100.0 * kv / n_ready if n_ready else math.nan
         if served > 0:
-            self.fluid_p99.append((now, p99 + (chunks[0][0] if chunks and chunks[0][0] > step else 0.0)))
-        if now + step < self.end_s or self.backlog:
-            if now + step < self.end_s + self.opt.drain_s:
-                self._push(now + step, EV_FLUID)
+            self.fluid_p99.append((now, p99 + (chunks[0][0] if chunks[0][0] > 0 else 0.0)))
+        nxt = now + step
+        if (nxt < self.end_s or backlog) and nxt < self.end_s + self.opt.drain_s:
+            self._push(nxt, EV_FLUID)
+
+    def _fluid_hist(self, weights: dict[tuple[str, int | None], float], which: int) -> np.ndarray:
+        """Histogram from accumulated weights per cached steady state (4: TTFT, 5: e2e, 6: TPOT)."""
+        h = np.zeros(HIST_BINS)
+        for key, w in weights.items():
+            if w > 0:
+                h += w * self.fluid_cache[key][which]
+        return h
 
     # ------------------------------------------------------------------ observation
     def _do_scrape(self) -> None:
@@ -963,8 +1011,8 @@ class Simulation:
             s["kv_cache_utilization_pct"] = None if math.isnan(self.fluid_kv) else self.fluid_kv
             log = self.fluid_arrivals_log
             while log and log[0][0] < now - win:
-                log.popleft()
-            s["request_rate_per_s"] = sum(x[1] for x in log) / win
+                self.fluid_log_sum -= log.popleft()[1]
+            s["request_rate_per_s"] = self.fluid_log_sum / win
             p = self.fluid_p99
             while p and p[0][0] < now - win:
                 p.popleft()
@@ -985,6 +1033,9 @@ class Simulation:
         s["cost_per_million_tokens_usd"] = cost_h / (tok * 3600.0) * 1e6 if tok else None
         self.scrape = s
         self.scrape_at = now
+        at = self._dt(now)
+        self.scrape_samples = {k: (Sample(float(v), at) if v is not None else Sample(None, at, "NoData"))
+                               for k, v in s.items()}
         self._push(now + self.opt.scrape_interval_s, EV_SCRAPE)
 
     def _pool_state(self, pool: _Pool, at: datetime) -> PoolState:
@@ -997,6 +1048,7 @@ class Simulation:
             live = sum(1 for n in pool.nodes if n.state != N_GONE and not n.noticed)
             if cap is None or cap > live:
                 pool.blocked = False
+                self.version += 1
         ready = sum(1 for p in pool.pods if p.state == P_READY)
         noticed = sum(1 for p in pool.pods if p.state in (P_PENDING, P_STARTING, P_READY) and p.node is not None and p.node.noticed)
         nodes = sum(1 for n in pool.nodes if n.state != N_GONE)
@@ -1005,38 +1057,48 @@ class Simulation:
             available=not pool.blocked, unavailable_reason=pool.blocked_reason if pool.blocked else None,
             interrupted_replicas=noticed, recent_interruptions=len(pool.notices), price_per_node_hour_usd=None, at=at)
 
+    def _pool_views(self, at: datetime) -> tuple[dict[str, PoolState], dict[str, int], dict[str, int], dict[str, int]]:
+        """Pool states and counts, recomputed only when the fleet changed (or a recent
+        interruption ages out of its window, or a pool is blocked: both depend on time)."""
+        now = self.now
+        if (self.obs_cache is not None and self.obs_version == self.version and now < self.obs_expiry
+                and not any(p.blocked for p in self.pools.values())):
+            return self.obs_cache
+        pools = {name: self._pool_state(p, at) for name, p in self.pools.items()}
+        w = self.opt.interruption_window_s
+        self.obs_expiry = min((p.notices[0] + w for p in self.pools.values() if p.notices), default=INF)
+        pending = {n: sum(1 for q in p.pods if q.state == P_PENDING) for n, p in self.pools.items()}
+        ready = {n: st.ready_replicas or 0 for n, st in pools.items()}
+        desired = {n: p.desired for n, p in self.pools.items()}
+        self.obs_cache = (pools, pending, ready, desired)
+        self.obs_version = self.version
+        return self.obs_cache
+
     def observe(self) -> Observation:
         at = self._dt(self.now)
-        s = self.scrape
-        sat = self._dt(self.scrape_at) if self.scrape_at > -INF else None
-
-        def sample(name: str) -> Sample:
-            v = s.get(name)
-            if sat is None:
-                return Sample.missing("NotScrapedYet")
-            if v is None:
-                return Sample(None, sat, "NoData")
-            return Sample(float(v), sat)
-
-        pools = {name: self._pool_state(p, at) for name, p in self.pools.items()}
+        samples = self.scrape_samples
+        missing = _NOT_SCRAPED
+        pools, pending, ready, desired = self._pool_views(at)
         sig = ModelSignals(
             model=self.model.name, at=at,
-            queue_depth=sample("queue_depth"), p99_latency_ms=sample("p99_latency_ms"),
-            gpu_utilization_pct=sample("gpu_utilization_pct"), request_rate_per_s=sample("request_rate_per_s"),
-            output_tokens_per_s=sample("output_tokens_per_s"), input_tokens_per_s=sample("input_tokens_per_s"),
-            kv_cache_utilization_pct=sample("kv_cache_utilization_pct"),
-            cost_per_million_tokens_usd=sample("cost_per_million_tokens_usd"), pools=pools)
+            queue_depth=samples.get("queue_depth", missing), p99_latency_ms=samples.get("p99_latency_ms", missing),
+            gpu_utilization_pct=samples.get("gpu_utilization_pct", missing),
+            request_rate_per_s=samples.get("request_rate_per_s", missing),
+            output_tokens_per_s=samples.get("output_tokens_per_s", missing),
+            input_tokens_per_s=samples.get("input_tokens_per_s", missing),
+            kv_cache_utilization_pct=samples.get("kv_cache_utilization_pct", missing),
+            cost_per_million_tokens_usd=samples.get("cost_per_million_tokens_usd", missing), pools=pools)
         win = self.opt.rate_window_s
         if self.mode == "requests":
             lo = bisect_left(self.arrivals, self.now - win, 0, self.next_req)
             n_win = self.next_req - lo
         else:
-            n_win = int(round(sum(x[1] for x in self.fluid_arrivals_log if x[0] >= self.now - win)))
-        return Observation(
-            now_s=self.now, at=at, signals=sig, requests_in_window=n_win,
-            pending_by_pool={n: sum(1 for q in p.pods if q.state == P_PENDING) for n, p in self.pools.items()},
-            ready_by_pool={n: st.ready_replicas or 0 for n, st in pools.items()},
-            desired_by_pool={n: p.desired for n, p in self.pools.items()})
+            log = self.fluid_arrivals_log
+            while log and log[0][0] < self.now - win:
+                self.fluid_log_sum -= log.popleft()[1]
+            n_win = int(round(self.fluid_log_sum))
+        return Observation(now_s=self.now, at=at, signals=sig, requests_in_window=n_win,
+                           pending_by_pool=pending, ready_by_pool=ready, desired_by_pool=desired)
 
     # ------------------------------------------------------------------ control
     def apply(self, placement: Mapping[str, int]) -> None:
@@ -1052,12 +1114,15 @@ class Simulation:
                 self._set_desired(pool, n)
         if changed:
             self.decisions_changed += 1
+        if not changed and self.applied_version == self.version:
+            return  # nothing moved since the last reconciliation
         for pool in self.pools.values():
             if self.ctrl.node_mode == "direct":
                 self._reconcile_nodes(pool)
             self._bind(pool)
         if self.mode == "requests":
             self._dispatch()
+        self.applied_version = self.version
 
     def _tick(self) -> None:
         obs = self.observe()
@@ -1083,10 +1148,11 @@ class Simulation:
             tl[f"ready:{name}"].append(sum(1 for p in pool.pods if p.state == P_READY))
             tl[f"nodes:{name}"].append(sum(1 for n in pool.nodes if n.state != N_GONE))
         if self.mode == "fluid":
-            tl["p99_e2e_s"].append(hist_quantile(self.rec_hist_e2e, 0.99))
-            tl["p99_ttft_s"].append(hist_quantile(self.rec_hist_ttft, 0.99))
+            tl["p99_e2e_s"].append(hist_quantile(self.rec_hist_e2e + self._fluid_hist(self.rec_w, 5), 0.99))
+            tl["p99_ttft_s"].append(hist_quantile(self.rec_hist_ttft + self._fluid_hist(self.rec_w, 4), 0.99))
             self.rec_hist_e2e[:] = 0
             self.rec_hist_ttft[:] = 0
+            self.rec_w = {}
         if now + self.record_s <= self.end_s:
             self._push(now + self.record_s, EV_RECORD)
 
@@ -1194,6 +1260,7 @@ class Simulation:
                     self._pod_ready(obj)
             elif kind == EV_NODE_READY:
                 if obj.state == N_PROV:
+                    self.version += 1
                     obj.state = N_READY
                     obj.empty_since = t
                     self._bind(obj.pool)
@@ -1242,7 +1309,8 @@ class Simulation:
             ok_done = np.isfinite(done)
             ttft = first - arr
             e2e = done - arr
-            tpot = np.where(out > 1, (done - first) / np.maximum(out - 1, 1), 0.0)
+            with np.errstate(invalid="ignore"):
+                tpot = np.where(out > 1, (done - first) / np.maximum(out - 1, 1), 0.0)
             ttft_ok = ok_done & (ttft <= slo.ttft_s)
             tpot_ok = ok_done & ((out <= 1) | (tpot <= slo.tpot_s))
             both = ttft_ok & tpot_ok
@@ -1291,12 +1359,15 @@ class Simulation:
             s["slo_attainment"] = self.fluid_ok / n if n else math.nan
             s["ttft_attainment"] = self.fluid_ok_ttft / n if n else math.nan
             s["tpot_attainment"] = self.fluid_ok_tpot / n if n else math.nan
-            s["ttft_p50_ms"] = hist_quantile(self.fluid_hist_ttft, 0.5) * 1000.0
-            s["ttft_p99_ms"] = hist_quantile(self.fluid_hist_ttft, 0.99) * 1000.0
-            s["e2e_p50_ms"] = hist_quantile(self.fluid_hist_e2e, 0.5) * 1000.0
-            s["e2e_p99_ms"] = hist_quantile(self.fluid_hist_e2e, 0.99) * 1000.0
-            s["tpot_p50_ms"] = hist_quantile(self.fluid_hist_tpot, 0.5) * 1000.0
-            s["tpot_p99_ms"] = hist_quantile(self.fluid_hist_tpot, 0.99) * 1000.0
+            h_ttft = self.fluid_hist_ttft + self._fluid_hist(self.fluid_w, 4)
+            h_e2e = self.fluid_hist_e2e + self._fluid_hist(self.fluid_w, 5)
+            h_tpot = self.fluid_hist_tpot + self._fluid_hist(self.fluid_w, 6)
+            s["ttft_p50_ms"] = hist_quantile(h_ttft, 0.5) * 1000.0
+            s["ttft_p99_ms"] = hist_quantile(h_ttft, 0.99) * 1000.0
+            s["e2e_p50_ms"] = hist_quantile(h_e2e, 0.5) * 1000.0
+            s["e2e_p99_ms"] = hist_quantile(h_e2e, 0.99) * 1000.0
+            s["tpot_p50_ms"] = hist_quantile(h_tpot, 0.5) * 1000.0
+            s["tpot_p99_ms"] = hist_quantile(h_tpot, 0.99) * 1000.0
             s["output_tokens"] = float(self.cum_out_tokens)
         cost = sum(p.cost_usd for p in self.pools.values())
         s["cost_usd"] = cost

@@ -94,6 +94,10 @@ class TidegateKubernetes(kmock.KubernetesEmulator):
         path = request.url.path
         with self.lock:
             self.log.append(KubeRequest(method, path, request.url.query_string, request.subresource))
+        # kmock matches each request against its reactions by scanning its whole request history,
+        # which makes a long-lived server quadratic; our own ``log`` is the history, so keep only
+        # the request being served (``__call__`` appended it before calling us).
+        del self._requests[:-1]
         fault = self._take_fault(method, path)
         if fault is not None:
             if fault.before is not None:

@@ -414,6 +414,7 @@ def test_burst_cycle_through_the_real_adapters(aws: AwsPeer, gcp: GcpComputeServ
         "StatusMessage": "InsufficientInstanceCapacity - There is no Spot capacity available", "Progress": "100"}]),
         times=1000, params={"AutoScalingGroupName": f.asg["aws-spot"]})
     placed, result, _ = f.tick(12)
+    print("DEBUG", result.reason, result.events)
     assert placed == {"onprem": 4, "aws-spot": 0, "gcp-spot": 4, "aws-od": 4}
     assert f.providers["aws-spot"].state(f.model, f.now).available is False
     assert "OnDemandFallback" in {code for code, _ in result.events} or result.reason in ("OnDemandFallback", "SpotPoolUnavailable")
