@@ -71,8 +71,8 @@ def fields_table(model: type[BaseModel], prefix: str = "") -> list[str]:
     nested: list[tuple[str, type[BaseModel]]] = []
     for name, field in model.model_fields.items():
         path = f"{prefix}{name}"
-        desc = (field.description or (field.annotation and _models_in(field.annotation) and
-                                      (_models_in(field.annotation)[0].__doc__ or "").strip().split("\n")[0]) or "")
+        subs = _models_in(field.annotation)
+        desc = field.description or ((subs[0].__doc__ or "").strip().split("\n")[0] if subs else "")
         rows.append(f"| `{path}` | {_type_name(field.annotation)} | {_default(field)} | {desc} |")
         for sub in _models_in(field.annotation):
             is_list = typing.get_origin(field.annotation) in (list, tuple) or (

@@ -237,7 +237,7 @@ class AwsInterruptionQueue:
             msgs = resp.get("Messages") or []
             if not msgs:
                 break
-            done = []
+            done: list[dict[str, str]] = []
             for m in msgs:
                 try:
                     ev = parse_event(m.get("Body", ""), rebalance_is_interruption=self.settings.rebalance_is_interruption)
@@ -360,9 +360,12 @@ class AwsNodeGroup:
 
     def release(self, instance_ids: Sequence[str]) -> None:
         for iid in instance_ids:
-            self._retry(f"TerminateInstanceInAutoScalingGroup {iid} ({self.name})",
-                        lambda iid=iid: self.autoscaling.terminate_instance_in_auto_scaling_group(
-                            InstanceId=iid, ShouldDecrementDesiredCapacity=True))
+            self._terminate(iid)
+
+    def _terminate(self, instance_id: str) -> None:
+        self._retry(f"TerminateInstanceInAutoScalingGroup {instance_id} ({self.name})",
+                    lambda: self.autoscaling.terminate_instance_in_auto_scaling_group(
+                        InstanceId=instance_id, ShouldDecrementDesiredCapacity=True))
 
     def instance_id_for(self, provider_id: str) -> str | None:
         return instance_id_from_provider_id(provider_id)

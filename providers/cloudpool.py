@@ -17,6 +17,9 @@ and ``gcp`` depend on this module and never on each other:
   capacity is skipped for a while, then tried again);
 - ``Notice`` and the ``NodeGroup`` protocol with its value types.
 
+``build_real_pools(config, kube_api=...)`` wires every pool of a ``DaemonConfig`` to its real
+providers (and the prices to their sources) in one call.
+
 Errors: ``scale`` raises ``TransientProviderError`` / ``PermanentProviderError`` like every
 provider; the actions made before the failure and the failed one ride along on the exception
 (``actions_of(err)``), so the decision log still holds every call with its result.
@@ -36,7 +39,7 @@ from controller.core.reasons import Reason
 from controller.protocols import PermanentProviderError, ProviderError, TransientProviderError
 
 if TYPE_CHECKING:  # only for annotations: kubernetes.py imports this module at runtime
-    from providers.kubernetes import KubernetesPoolProvider, PoolObservation
+    from providers.kubernetes import KubernetesPoolProvider
 
 T = TypeVar("T")
 
@@ -447,18 +450,119 @@ class CloudPoolProvider:
         return log.actions
 
 
-def observation_summary(obs: "PoolObservation") -> dict[str, Any]:
-    """A small JSON-able view of an observation (for logs and the admin API)."""
-    return {
-        "replicas": obs.replicas, "ready": obs.ready_replicas, "unavailable": obs.unavailable_replicas,
-        "nodes": len(obs.nodes), "gpus_allocatable": obs.gpus_allocatable,
-        "unschedulable": obs.unschedulable_pods, "interrupted": obs.interrupted_replicas,
-        "notices": [n.key for n in obs.notices],
-    }
+# --- wiring from the daemon config -------------------------------------------------------------
+
+
+class CombinedPrices:
+    """``PriceSource`` over every pool: AWS spot pools from ``AwsSpotPrices`` (live, cached), GCP
+    pools from ``GcpSpotPrices`` (configured list prices), everything else its static price."""
+
+    def __init__(self, aws: Any = None, gcp: Any = None) -> None:
+        self.aws = aws
+        self.gcp = gcp
+
+    def prices(self, pools: Sequence[PoolSpec], now: datetime) -> Mapping[str, float]:
+        out = {p.name: p.price_per_node_hour_usd for p in pools}
+        aws_pools = [p for p in pools if p.kind.cloud == "aws"]
+        gcp_pools = [p for p in pools if p.kind.cloud == "gcp"]
+        if self.aws is not None and aws_pools:
+            out.update(self.aws.prices(aws_pools, now))
+        if self.gcp is not None and gcp_pools:
+            out.update(self.gcp.prices(gcp_pools, now))
+        return out
+
+
+@dataclass
+class RealPools:
+    """What ``build_real_pools`` wires: a provider per pool and the price source (with the AWS spot
+    price cache, whose ``refresh_job`` the daemon schedules, and the interruption queue, if any)."""
+
+    pools: dict[str, Any]
+    prices: CombinedPrices
+    spot_prices: Any = None
+    interruptions: Any = None
+
+
+def _sqs_region(queue_url: str, fallback: str) -> str:
+    host = queue_url.split("://", 1)[-1].split("/", 1)[0]
+    parts = host.split(".")
+    return parts[1] if len(parts) > 3 and parts[0] == "sqs" else fallback
+
+
+def build_real_pools(
+    config: Any,
+    *,
+    kube_api: Any,
+    kubernetes: Any = None,
+    aws: Any = None,
+    gcp: Any = None,
+    cloud: CloudPoolSettings = CloudPoolSettings(),
+    gcp_spot_prices_usd: Mapping[str, float] | None = None,
+    dry_run: bool | None = None,
+    aws_session: Any = None,
+    gcp_credentials: Any = None,
+) -> RealPools:
+    """One ``PoolProvider`` per pool of a ``DaemonConfig``: on-prem pools get the Kubernetes
+    provider alone, ``aws-*`` pools add their Auto Scaling group, ``gcp-*`` pools their managed
+    instance group. ``kube_api`` is a ``kubernetes.client.ApiClient``; ``kubernetes`` / ``aws`` /
+    ``gcp`` are ``KubernetesSettings`` / ``AwsSettings`` / ``GcpSettings`` (defaults if omitted).
+    ``dry_run`` defaults to the config's."""
+    from providers.aws import AwsInterruptionQueue, AwsNodeGroup, AwsSettings, AwsSpotPrices, SpotPriceTarget, make_client
+    from providers.gcp import GcpNodeGroup, GcpSettings, GcpSpotPrices, make_mig_client
+    from providers.kubernetes import KubernetesCluster, KubernetesPoolProvider, KubernetesSettings
+
+    ks = kubernetes or KubernetesSettings()
+    aws_s = aws or AwsSettings()
+    gcp_s = gcp or GcpSettings()
+    dry = config.dry_run if dry_run is None else dry_run
+    cluster = KubernetesCluster(kube_api, ks)
+    specs = config.pool_specs()
+    aws_pools = [p for p in config.pools if p.aws is not None and p.kind.cloud == "aws"]
+
+    clients: dict[tuple[str, str], Any] = {}
+
+    def aws_client(service: str, region: str) -> Any:
+        if (service, region) not in clients:
+            clients[(service, region)] = make_client(service, region, aws_s, aws_session)
+        return clients[(service, region)]
+
+    queue = None
+    if aws_s.interruption_queue_url and aws_pools:
+        region = _sqs_region(aws_s.interruption_queue_url, aws_pools[0].aws.region)
+        queue = AwsInterruptionQueue(aws_client("sqs", region), aws_s.interruption_queue_url, aws_s)
+    mig_clients: dict[bool, Any] = {}
+
+    out: dict[str, Any] = {}
+    for pc in config.pools:
+        spec = specs[pc.name]
+        deployments = {m.name: m.deployments[pc.name] for m in config.models if pc.name in m.deployments}
+        kube = KubernetesPoolProvider(spec, deployments, cluster, node_selector=pc.kubernetes.node_selector,
+                                      settings=ks, dry_run=dry)
+        group: Any = None
+        if pc.kind.cloud == "aws":
+            if pc.aws is None:
+                raise PermanentProviderError(f"pool {pc.name!r} is {pc.kind.value} but has no aws section")
+            group = AwsNodeGroup(pc.aws.auto_scaling_group, aws_client("autoscaling", pc.aws.region),
+                                 interruptions=queue, settings=aws_s)
+        elif pc.kind.cloud == "gcp":
+            if pc.gcp is None:
+                raise PermanentProviderError(f"pool {pc.name!r} is {pc.kind.value} but has no gcp section")
+            regional = pc.gcp.region is not None
+            if regional not in mig_clients:
+                mig_clients[regional] = make_mig_client(regional=regional, settings=gcp_s, credentials=gcp_credentials)
+            group = GcpNodeGroup(pc.gcp.project, pc.gcp.instance_group_manager, mig_clients[regional],
+                                 zone=pc.gcp.zone, region=pc.gcp.region, spot=pc.kind.is_spot, settings=gcp_s)
+        out[pc.name] = kube if group is None else CloudPoolProvider(kube, group, settings=cloud, dry_run=dry)
+
+    targets = {p.name: SpotPriceTarget(p.aws.region, p.aws.instance_type, tuple(p.aws.availability_zones))
+               for p in aws_pools if p.kind.is_spot and p.aws.instance_type}
+    spot = AwsSpotPrices(targets, lambda region: aws_client("ec2", region), aws_s) if targets else None
+    gcp_prices = GcpSpotPrices(gcp_spot_prices_usd or {})
+    return RealPools(out, CombinedPrices(spot, gcp_prices), spot, queue)
 
 
 __all__ = [
-    "ActionLog", "CloudPoolProvider", "CloudPoolSettings", "GroupInstance", "GroupState", "NodeGroup",
-    "Notice", "NoticeKind", "RetryPolicy", "UnavailableMarks", "actions_of", "describe_error",
-    "observation_summary", "retry_transient", "status_of", "unavailable_reason",
+    "ActionLog", "CloudPoolProvider", "CloudPoolSettings", "CombinedPrices", "GroupInstance", "GroupState",
+    "NodeGroup", "Notice", "NoticeKind", "RealPools", "RetryPolicy", "UnavailableMarks", "actions_of",
+    "build_real_pools", "describe_error", "retry_transient", "status_of", "unavailable_reason",
 ]

@@ -147,7 +147,9 @@ _VALUE_RE = re.compile(rf"^{_VALUE}$")
 
 
 def _split_terms(text: str) -> list[str]:
-    terms, depth, cur = [], 0, []
+    terms: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         if ch == "(":
             depth += 1
@@ -265,7 +267,7 @@ def translate_api_error(e: BaseException, what: str) -> ProviderError:
 def node_ready(node: k8s.V1Node) -> bool:
     for c in (node.status.conditions if node.status else None) or []:
         if c.type == "Ready":
-            return c.status == "True"
+            return bool(c.status == "True")
     return False
 
 

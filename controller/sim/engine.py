@@ -293,6 +293,8 @@ class RunResult:
     summary: dict[str, Any]
     timeline: dict[str, Any]
     wall_s: float
+    actions: list[tuple[float, str, int, int]] = field(default_factory=list)
+    """(time s, pool, from, to) of every scaling action."""
 
 
 class Simulation:
@@ -315,6 +317,8 @@ class Simulation:
         self.pod_ids = 0
         self.ready_pods: list[_Pod] = []
         self.actions = 0
+        self.action_log: list[tuple[float, str, int, int]] = []
+        """(time, pool, from, to) of every change of a pool's desired replicas by the controller."""
         self.decisions = 0
         self.decisions_changed = 0
         self.controller_errors: list[str] = []
@@ -1110,6 +1114,7 @@ class Simulation:
             n = min(max(0, int(n)), pool.spec.max_nodes * pool.per_node)
             if n != pool.desired:
                 self.actions += 1
+                self.action_log.append((self.now, name, pool.desired, n))
                 changed = True
                 self._set_desired(pool, n)
         if changed:
@@ -1167,6 +1172,8 @@ class Simulation:
             rate = float(w.head(horizon).rate_per_s.mean())
         ref = self._reference_gpu()
         per = self.setup.rate_at_slo(ref)
+        if rate <= 0:
+            return 0
         return max(1, int(math.ceil(rate / per))) if per > 0 else 1
 
     def _reference_gpu(self) -> str:
@@ -1291,7 +1298,7 @@ class Simulation:
         for pool in self.pools.values():
             self._bill(pool)
         summary, timeline = self._finish()
-        return RunResult(self.ctrl.name, summary, timeline, _wall.perf_counter() - wall0)
+        return RunResult(self.ctrl.name, summary, timeline, _wall.perf_counter() - wall0, list(self.action_log))
 
     # ------------------------------------------------------------------ results
     def _finish(self) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -71,6 +71,7 @@ class ReplicaProfile(_Strict):
     kv_cache_tokens: int = Field(gt=0, description="KV cache capacity, tokens (prompt + output reserved per admitted request).")
     max_num_tokens: int = Field(8192, gt=0, description="Most prompt tokens per iteration; longer prefills are chunked.")
     benchmark_max_batch: int | None = Field(None, gt=0, description="Batch limit the published offline benchmark ran with (defaults to max_batch).")
+    benchmark_max_num_tokens: int = Field(8192, gt=0, description="Prompt tokens per iteration in the published benchmark (TensorRT-LLM's default 8192).")
     published: tuple[PublishedPoint, ...] = Field((), description="Published throughputs this profile was fitted to.")
     source: str = Field("", description="Where the published numbers come from.")
 
@@ -290,11 +291,20 @@ class Replica:
         return len(self.pending)
 
 
-def offline_throughput(prof: ReplicaProfile, input_tokens: int, output_tokens: int, requests: int = 1500) -> float:
+BENCHMARK_REQUESTS = {(128, 128): 30000, (128, 2048): 3000, (128, 4096): 1500, (500, 2000): 3000,
+                      (1000, 1000): 3000, (1000, 2000): 1500, (2048, 128): 3000, (2048, 2048): 1500,
+                      (5000, 500): 1500, (20000, 2000): 1000}
+"""Requests per (input, output) length in the published benchmark ("$num_requests" table)."""
+
+
+def offline_throughput(prof: ReplicaProfile, input_tokens: int, output_tokens: int, requests: int | None = None) -> float:
     """Output tokens/s of one replica when ``requests`` identical requests are all queued at t=0:
-    the method of TensorRT-LLM's published throughput tables (``trtllm-bench throughput``)."""
+    the method of TensorRT-LLM's published throughput tables (``trtllm-bench throughput``), with
+    the publication's request count for that length pair by default."""
+    if requests is None:
+        requests = BENCHMARK_REQUESTS.get((input_tokens, output_tokens), 1500)
     max_batch = prof.benchmark_max_batch or prof.max_batch
-    bench = prof.model_copy(update={"max_batch": max_batch})
+    bench = prof.model_copy(update={"max_batch": max_batch, "max_num_tokens": prof.benchmark_max_num_tokens})
     book = RequestBook([0.0] * requests, [input_tokens] * requests, [output_tokens] * requests)
     rep = Replica(bench, book, 0.0)
     nxt = 0
@@ -466,7 +476,7 @@ def profile_summary(prof: ReplicaProfile) -> dict[str, Any]:
     """Published vs modelled throughput for each calibration point (for docs and tests)."""
     rows = []
     for pt in prof.published:
-        model = offline_throughput(prof, pt.input_tokens, pt.output_tokens, requests=600)
+        model = offline_throughput(prof, pt.input_tokens, pt.output_tokens)
         rows.append({"isl": pt.input_tokens, "osl": pt.output_tokens, "published": pt.output_tokens_per_s,
                      "model": round(model, 1), "ratio": round(model / pt.output_tokens_per_s, 3)})
     return {"points": rows}

@@ -235,8 +235,8 @@ class KubePeer:
         self._stop = asyncio.Event()
         async with TidegateKubernetes() as emu, kmock.Server(emu) as server:
             for r in self.RESOURCES:
-                emu.resources[r] = {"namespaced": not r.endswith(("nodes",)), "verbs": {"get", "list", "create",
-                                                                                       "update", "patch", "delete"}}
+                emu.resources[r] = kmock.ResourceInfo(namespaced=not r.endswith("/nodes"),
+                                                      verbs={"get", "list", "create", "update", "patch", "delete"})
             self.emulator = emu
             self.url = str(server.url).rstrip("/")
             self._ready.set()
@@ -572,6 +572,9 @@ class AwsPeer:
         self._thread = threading.Thread(target=self._proxy.serve_forever, name="aws-proxy", daemon=True)
 
     def start(self) -> "AwsPeer":
+        import logging
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
         self._moto.start()
         self.moto_port = self._moto.get_host_and_port()[1]
         self._thread.start()

@@ -73,7 +73,7 @@ def _kill(admin: psycopg.Connection[tuple[object, ...]], pid: int | None) -> Non
 def _holders(admin: psycopg.Connection[tuple[object, ...]], e: PostgresAdvisoryLock) -> list[int]:
     rows = admin.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid = %s "
                          "AND objid = %s AND objsubid = 1", (e._classid, e._objid)).fetchall()
-    return [int(r[0]) for r in rows]
+    return [int(str(r[0])) for r in rows]
 
 
 def test_only_one_leads_and_the_follower_takes_over_when_the_leaders_session_is_killed(

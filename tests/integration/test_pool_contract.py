@@ -45,6 +45,7 @@ from tests.integration.test_gcp_provider import GcpWorld
 from tests.integration.test_kubernetes_provider import FAST_RETRY, World, model_spec
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
+SPREAD = Placement.model_validate({"spot_spread_min_pools": 2})
 
 
 # --- peers (module scope: started once for every parameter) ------------------------------------
@@ -359,7 +360,7 @@ class Fleet:
         self.now += timedelta(seconds=seconds)
         states = {p: prov.state(self.model, self.now) for p, prov in self.providers.items()}
         result = place(model=self.model, pools=self.specs, states=states, total=total,
-                       placement=Placement(spot_spread_min_pools=2))
+                       placement=SPREAD)
         order = sorted(self.specs, key=lambda p: result.replicas[p] - (states[p].replicas or 0))
         actions: list[Action] = []
         for p in order:
@@ -414,10 +415,10 @@ def test_burst_cycle_through_the_real_adapters(aws: AwsPeer, gcp: GcpComputeServ
         "StatusMessage": "InsufficientInstanceCapacity - There is no Spot capacity available", "Progress": "100"}]),
         times=1000, params={"AutoScalingGroupName": f.asg["aws-spot"]})
     placed, result, _ = f.tick(12)
-    print("DEBUG", result.reason, result.events)
     assert placed == {"onprem": 4, "aws-spot": 0, "gcp-spot": 4, "aws-od": 4}
     assert f.providers["aws-spot"].state(f.model, f.now).available is False
-    assert "OnDemandFallback" in {code for code, _ in result.events} or result.reason in ("OnDemandFallback", "SpotPoolUnavailable")
+    assert result.reason == "OnDemandFallback"
+    assert ("SpotPoolUnavailable", "aws-spot") in {(code, msg.split()[0]) for code, msg in result.events}
     assert f.asg_desired("aws-od") == 2
     f.world_catches_up()
 
@@ -448,7 +449,7 @@ def test_dry_run_fleet_makes_zero_provider_calls(aws: AwsPeer, gcp: GcpComputeSe
         else:
             prov.dry_run = True  # type: ignore[attr-defined]
     states = {p: prov.state(f.model, f.now) for p, prov in f.providers.items()}
-    result = place(model=f.model, pools=f.specs, states=states, total=8, placement=Placement(spot_spread_min_pools=2))
+    result = place(model=f.model, pools=f.specs, states=states, total=8, placement=SPREAD)
     amark, gmark, kmark = aws.mark(), gcp.mark(), kube.mark()
     actions = [a for p, prov in f.providers.items()
                for a in prov.scale(f.model, result.replicas[p], f.specs[p].nodes_for(f.model, result.replicas[p]), f.now)]
@@ -456,3 +457,59 @@ def test_dry_run_fleet_makes_zero_provider_calls(aws: AwsPeer, gcp: GcpComputeSe
     assert {a.status for a in actions} == {ActionStatus.DRY_RUN, ActionStatus.NOOP}
     assert {(a.pool, a.arguments.get("replicas")) for a in actions if a.call == CALL_SCALE} == {
         ("onprem", 4), ("aws-spot", 2), ("gcp-spot", 2), ("aws-od", 0)}
+
+
+def test_real_pools_are_wired_from_the_daemon_config(aws: AwsPeer, gcp: GcpComputeServer, kube: KubePeer) -> None:
+    from controller.config import DaemonConfig
+    from providers.cloudpool import build_real_pools
+
+    aws.reset()
+    gcp.reset()
+    tag = uuid.uuid4().hex[:6]
+    ns = f"c-{tag}"
+    create_asg(aws, f"spot-{tag}", max_size=2)
+    queue_url = aws.client("sqs", direct=True).create_queue(QueueName=f"itn-{tag}")["QueueUrl"]
+    mig = gcp.add_mig("proj", f"mig-{tag}", zone="us-central1-a")
+    labels = {p: {"tidegate.io/pool": f"{p}-{tag}"} for p in ("onprem", "aws-spot", "gcp-spot")}
+    cfg = DaemonConfig.model_validate({
+        "providers": {"type": "real"},
+        "pools": [
+            {"name": "onprem", "kind": "onprem", "gpu_type": "A100-80GB", "gpus_per_node": 8, "max_nodes": 1,
+             "price_per_node_hour_usd": 9.0, "kubernetes": {"node_selector": labels["onprem"]}},
+            {"name": "aws-spot", "kind": "aws-spot", "gpu_type": "A100-80GB", "gpus_per_node": 4, "max_nodes": 2,
+             "price_per_node_hour_usd": 4.0, "kubernetes": {"node_selector": labels["aws-spot"]},
+             "aws": {"region": AWS_REGION, "auto_scaling_group": f"spot-{tag}", "instance_type": "g5.12xlarge"}},
+            {"name": "gcp-spot", "kind": "gcp-spot", "gpu_type": "A100-80GB", "gpus_per_node": 4, "max_nodes": 2,
+             "price_per_node_hour_usd": 5.0, "kubernetes": {"node_selector": labels["gcp-spot"]},
+             "gcp": {"project": "proj", "zone": "us-central1-a", "instance_group_manager": mig.name}},
+        ],
+        "models": [{"name": "llama", "tp_degree": 2, "quantization": "fp8", "gpu_types": ["A100-80GB"],
+                    "cold_start_s": 90, "capacity": {"A100-80GB": {"output_tokens_per_s": 1500, "requests_per_s": 3}},
+                    "deployments": {p: {"namespace": ns, "name": f"llama-{p}"} for p in labels}}],
+    })
+    ctl = KubeControllers(kube.api_client())
+    for p in labels:
+        ctl.add_deployment(ns, f"llama-{p}", {"app": "llama", "pool": p}, 1 if p == "onprem" else 0, gpus=2,
+                           node_selector=labels[p])
+    real = build_real_pools(
+        cfg, kube_api=kube.api_client(), kubernetes=KubernetesSettings(retry=FAST_RETRY),
+        aws=AwsSettings(endpoint_url=aws.url, retry=FAST_RETRY, interruption_queue_url=queue_url),
+        gcp=GcpSettings(api_endpoint=gcp.url, retry=FAST_RETRY), gcp_spot_prices_usd={"gcp-spot": 3.3},
+        gcp_credentials=AnonymousCredentials())
+    model = cfg.model_specs()["llama"]
+    assert isinstance(real.pools["onprem"], KubernetesPoolProvider)
+    assert isinstance(real.pools["aws-spot"], CloudPoolProvider) and isinstance(real.pools["gcp-spot"], CloudPoolProvider)
+    assert real.interruptions is not None and real.interruptions.queue_url == queue_url
+    states = {p: prov.state(model, T0) for p, prov in real.pools.items()}
+    assert {p: (s.replicas, s.available) for p, s in states.items()} == {
+        "onprem": (1, True), "aws-spot": (0, True), "gcp-spot": (0, True)}
+    for p, r in (("aws-spot", 2), ("gcp-spot", 2)):
+        acts = real.pools[p].scale(model, r, 1, T0)
+        assert [a.status for a in acts] == [ActionStatus.OK, ActionStatus.OK]
+    assert mig.target_size == 1 and asg_instances(aws, f"spot-{tag}")
+
+    specs = list(cfg.pool_specs().values())
+    assert real.prices.prices(specs, T0) == {"onprem": 9.0, "aws-spot": 4.0, "gcp-spot": 3.3}
+    assert real.spot_prices is not None and set(real.spot_prices.refresh(T0)) == {"aws-spot"}
+    live = real.prices.prices(specs, T0)
+    assert live["aws-spot"] != 4.0 and (live["onprem"], live["gcp-spot"]) == (9.0, 3.3)

@@ -1,0 +1,150 @@
+"""The simulator's event loop: determinism, cost and fleet invariants, spot behaviour, and agreement
+between the request-by-request and fluid modes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from controller.sim.baselines import BaselineSettings, TidegateController, make_controller
+from controller.sim.engine import simulate
+from controller.sim.spot import SpotModel, SpotTrace
+from tests.unit import simulator_fixtures as F
+
+
+def _ramp(minutes: int, lo: float, hi: float) -> np.ndarray:
+    """Per-minute rates rising from lo to hi and back (in replicas' worth of load at the SLO)."""
+    x = np.arange(minutes)
+    return F.rate_at_slo() * (lo + (hi - lo) * np.sin(np.pi * x / minutes) ** 2)
+
+
+def test_same_seed_same_run_other_seed_other_run() -> None:
+    work = F.rate_series(_ramp(15, 0.5, 3.0))
+    runs = [simulate(F.setup(work, seed=s, mode="requests"), TidegateController(F.policy())) for s in (1, 1, 2)]
+    a, b, c = (r.summary for r in runs)
+    assert a == b
+    assert runs[0].actions == runs[1].actions
+    assert runs[0].timeline["t_s"] == runs[1].timeline["t_s"]
+    assert a["requests"] != c["requests"] or a["ttft_p99_ms"] != c["ttft_p99_ms"]
+    fluid = [simulate(F.setup(work, seed=7, mode="fluid"), TidegateController(F.policy())).summary for _ in range(2)]
+    assert fluid[0] == fluid[1]
+
+
+@pytest.mark.parametrize("mode", ["requests", "fluid"])
+def test_constant_load_with_enough_onprem_never_touches_spot(mode: str) -> None:
+    pools = F.pools(onprem_nodes=2)  # 8 on-prem replicas
+    work = F.rate_series([F.rate_at_slo() * 2.0] * 40)  # ~2 replicas' worth, constant
+    res = simulate(F.setup(work, pool_specs=pools, mode=mode, seed=3), TidegateController(F.policy(min_replicas=1)))
+    s = res.summary
+    assert s["requests"] > 1000
+    cloud = {k: v for k, v in s["gpu_hours_by_pool"].items() if k != "onprem"}
+    assert all(v == 0 for v in cloud.values()), cloud
+    assert s["spot_share"] == 0 and s["ondemand_share"] == 0
+    assert {pool for _, pool, _, _ in res.actions} <= {"onprem"}
+    assert s["gpu_hours_by_pool"]["onprem"] > 0
+    assert s["slo_attainment"] > 0.99
+
+
+def test_cost_accounting_matches_nodes_times_prices() -> None:
+    # a fixed schedule: 2 on-prem replicas (1 node) all along, so cost = 1 node x $16/h x duration
+    work = F.rate_series([F.rate_at_slo() * 0.5] * 30)
+    su = F.setup(work, mode="fluid")
+    ctrl = make_controller("oracle", su, None, BaselineSettings())
+    res = simulate(su, ctrl)
+    s = res.summary
+    node_h = s["gpu_hours_by_pool"]["onprem"] / 8
+    assert s["cost_by_pool_usd"]["onprem"] == pytest.approx(node_h * 16.0)
+    assert s["cost_usd"] == pytest.approx(sum(s["cost_by_pool_usd"].values()))
+    assert s["cost_usd"] <= 16.0 * 0.5 + 1e-6  # at most one on-prem node for 30 minutes
+
+
+def test_oracle_is_never_dearer_than_any_other_policy() -> None:
+    work = F.rate_series(_ramp(120, 0.5, 10.0))
+    su = F.setup(work, mode="fluid", seed=3)
+    pol = F.policy(min_replicas=1, max_replicas=16)
+    settings = BaselineSettings(min_replicas=1, max_replicas=16)
+    costs = {}
+    for name in ("tidegate", "seed-stack", "hpa", "keda", "skyserve", "all-on-demand", "oracle"):
+        costs[name] = simulate(su, make_controller(name, su, pol, settings)).summary["cost_usd"]
+    oracle = costs.pop("oracle")
+    assert oracle > 0
+    for name, cost in costs.items():
+        assert oracle <= cost, (name, cost, oracle)
+
+
+def test_fluid_and_request_modes_agree_on_a_smooth_load() -> None:
+    work = F.rate_series(_ramp(60, 0.5, 6.0))
+    res = {m: simulate(F.setup(work, mode=m, seed=5), TidegateController(F.policy(min_replicas=1))).summary
+           for m in ("requests", "fluid")}
+    r, f = res["requests"], res["fluid"]
+    assert f["requests"] == pytest.approx(r["requests"], rel=0.05)
+    assert f["slo_attainment"] == pytest.approx(r["slo_attainment"], abs=0.05)
+    assert f["cost_usd"] == pytest.approx(r["cost_usd"], rel=0.2)
+    assert f["output_tokens"] == pytest.approx(r["output_tokens"], rel=0.08)
+
+
+def test_spot_trace_drop_interrupts_and_tidegate_replaces_elsewhere() -> None:
+    # aws-spot loses all capacity at t=1200 s (a preemption trace); load needs ~7 replicas
+    trace = SpotTrace("drop", np.array([0.0, 1200.0]), np.array([1.0, 0.0]), 10_000.0, True)
+    spot = {"aws-spot": SpotModel(cloud="aws", trace=trace, scale_nodes=2, pool="aws-spot", seed=1)}
+    work = F.rate_series([F.rate_at_slo() * 5.5] * 50)
+    res = simulate(F.setup(work, spot=spot, mode="fluid", seed=2), TidegateController(F.policy(min_replicas=1)))
+    s = res.summary
+    assert s["interruptions"] >= 1
+    assert s["replicas_interrupted"] >= 1
+    moves = [(t, pool, a, b) for t, pool, a, b in res.actions if t >= 1200]
+    assert any(pool == "aws-spot" and b < a for _, pool, a, b in moves)
+    assert any(pool != "aws-spot" and b > a for _, pool, a, b in moves)
+    # nothing is launched on aws-spot after the drop (launches fail while capacity is 0)
+    t = np.asarray(res.timeline["t_s"])
+    nodes = np.asarray(res.timeline["nodes:aws-spot"])
+    assert (nodes[t >= 1200 + 125] == 0).all()
+
+
+def test_request_mode_interruption_retries_requests_after_the_notice() -> None:
+    trace = SpotTrace("drop", np.array([0.0, 600.0]), np.array([1.0, 0.0]), 10_000.0, True)
+    spot = {"gcp-spot": SpotModel(cloud="gcp", trace=trace, scale_nodes=4, pool="gcp-spot", seed=1)}
+    work = F.rate_series([F.rate_at_slo() * 6.0] * 20)
+    su = F.setup(work, spot=spot, mode="requests", seed=4)
+    res = simulate(su, TidegateController(F.policy(min_replicas=6)))
+    s = res.summary
+    assert s["interruptions"] >= 1
+    assert s["requests_retried_after_interruption"] > 0  # GCP: 30 s notice, then the node vanishes
+    assert s["dropped"] == 0
+
+
+def test_unavailability_window_blocks_launches() -> None:
+    spot = {"gcp-spot": SpotModel(cloud="gcp", unavailable_windows=((0.0, 10_000.0),), pool="gcp-spot")}
+    work = F.rate_series([F.rate_at_slo() * 7.0] * 30)
+    res = simulate(F.setup(work, spot=spot, mode="fluid"), TidegateController(F.policy(min_replicas=1)))
+    s = res.summary
+    assert s["gpu_hours_by_pool"]["gcp-spot"] == 0
+    assert s["gpu_hours_by_pool"]["aws-spot"] > 0
+
+
+def test_drawn_interruptions_happen_at_the_configured_rate() -> None:
+    spot = {n: SpotModel(cloud="aws" if n == "aws-spot" else "gcp", interruptions_per_node_hour=6.0, pool=n, seed=9)
+            for n in ("aws-spot", "gcp-spot")}
+    work = F.rate_series([F.rate_at_slo() * 7.0] * 120)
+    res = simulate(F.setup(work, spot=spot, mode="fluid", seed=1), TidegateController(F.policy(min_replicas=1)))
+    s = res.summary
+    spot_node_h = s["gpu_hours_by_pool"]["aws-spot"] / 8 + s["gpu_hours_by_pool"]["gcp-spot"] / 2
+    assert spot_node_h > 1
+    expected = 6.0 * spot_node_h
+    assert 0.4 * expected < s["interruptions"] < 1.8 * expected
+
+
+def test_summary_has_every_output() -> None:
+    res = simulate(F.setup(F.rate_series(_ramp(10, 0.5, 2.0)), mode="requests"), TidegateController(F.policy()))
+    s = res.summary
+    for key in ("slo_attainment", "ttft_attainment", "tpot_attainment", "ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms",
+                "e2e_p99_ms", "cost_usd", "cost_per_million_output_tokens_usd", "gpu_hours_by_pool", "spot_share",
+                "scaling_actions", "interruptions", "dropped"):
+        assert key in s
+    assert 0 <= s["slo_attainment"] <= 1
+    assert s["ttft_p50_ms"] <= s["ttft_p99_ms"] and s["e2e_p50_ms"] <= s["e2e_p99_ms"]
+    assert s["cost_per_million_output_tokens_usd"] == pytest.approx(s["cost_usd"] / s["output_tokens"] * 1e6)
+    assert not math.isnan(s["e2e_p99_ms"])
+    assert len(res.timeline["t_s"]) == len(res.timeline["p99_ttft_s"]) == len(res.timeline["ready:onprem"])

@@ -1,0 +1,134 @@
+"""Workload readers and rescaling (controller.sim.workload): formats, determinism, conservation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from controller.sim.scenario import SHARED_DATA
+from controller.sim.workload import (
+    RateSeries,
+    RequestTrace,
+    TokenDistribution,
+    peak_rate_per_s,
+    rate_profile,
+    read_azure_trace,
+    read_rate_series,
+)
+from tests.unit.simulator_fixtures import TOKENS, step_trace, write_azure_csv
+
+
+def test_azure_reader_parses_times_and_tokens(tmp_path: Path) -> None:
+    f = tmp_path / "t.csv"
+    f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2023-11-16 18:17:04.0319600,3180,8\n"
+                 "2023-11-16 18:17:03.9799600,4808,10\n"
+                 "2023-11-16 18:17:05.5000000,34,0\n")
+    tr = read_azure_trace(f)
+    # sorted by time, relative to the first request, 100 ns precision kept
+    assert tr.arrival_s.tolist() == pytest.approx([0.0, 0.052, 1.52004], abs=1e-6)
+    assert tr.prompt_tokens.tolist() == [4808, 3180, 34]
+    assert tr.output_tokens.tolist() == [10, 8, 1]  # a zero-token answer still yields one token
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("a,b,c\n1,2,3\n", "expected header"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:04,x,3\n", ":2: cannot parse"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "no requests"),
+])
+def test_azure_reader_rejects_bad_files(tmp_path: Path, text: str, needle: str) -> None:
+    f = tmp_path / "bad.csv"
+    f.write_text(text)
+    with pytest.raises(ValueError, match=needle):
+        read_azure_trace(f)
+
+
+def test_azure_roundtrip_through_csv(tmp_path: Path) -> None:
+    tr = step_trace(30.0, 60.0, 1.0, 5.0, seed=4)
+    back = read_azure_trace(write_azure_csv(tmp_path / "x.csv", tr))
+    assert len(back) == len(tr)
+    assert np.allclose(back.arrival_s, tr.arrival_s - tr.arrival_s[0], atol=1e-6)
+    assert (back.prompt_tokens == tr.prompt_tokens).all()
+
+
+def test_rate_series_reader_orders_bins_and_converts_to_per_second(tmp_path: Path) -> None:
+    f = tmp_path / "r.csv"
+    f.write_text("Time (min),Requests\n1,120\n0,60\n2,0\n")
+    rs = read_rate_series(f, TOKENS)
+    assert rs.bin_s == 60.0
+    assert rs.rate_per_s.tolist() == [1.0, 2.0, 0.0]
+    assert rs.expected_requests == pytest.approx(180.0)
+    assert rs.rate_at(61.0) == 2.0 and rs.rate_at(-1) == 0.0 and rs.rate_at(999) == 0.0
+
+
+def test_rate_series_to_requests_is_seeded_and_keeps_the_rate() -> None:
+    rs = RateSeries("r", 60.0, np.array([5.0, 0.0, 20.0]), TOKENS)
+    a = rs.to_requests(np.random.default_rng(7))
+    b = rs.to_requests(np.random.default_rng(7))
+    c = rs.to_requests(np.random.default_rng(8))
+    assert np.array_equal(a.arrival_s, b.arrival_s) and np.array_equal(a.prompt_tokens, b.prompt_tokens)
+    assert not np.array_equal(a.arrival_s, c.arrival_s)
+    per_bin = np.bincount((a.arrival_s // 60).astype(int), minlength=3)
+    assert per_bin[1] == 0
+    assert 300 - 4 * 300**0.5 < per_bin[0] < 300 + 4 * 300**0.5
+    assert 1200 - 4 * 1200**0.5 < per_bin[2] < 1200 + 4 * 1200**0.5
+    # tokens come in the distribution's own (prompt, output) pairs
+    pairs = set(zip(TOKENS.prompt_tokens.tolist(), TOKENS.output_tokens.tolist()))
+    assert set(zip(a.prompt_tokens.tolist(), a.output_tokens.tolist())) <= pairs
+
+
+def test_time_scale_compresses_and_keeps_request_count() -> None:
+    tr = step_trace(100.0, 200.0, 1.0, 3.0)
+    half = tr.time_scale(0.5)
+    assert len(half) == len(tr)
+    assert half.duration_s == pytest.approx(tr.duration_s / 2)
+    rs = RateSeries("r", 60.0, np.array([1.0, 2.0]), TOKENS)
+    fast = rs.time_scale(0.5)
+    assert fast.bin_s == 30.0 and fast.expected_requests == pytest.approx(rs.expected_requests)
+    with pytest.raises(ValueError):
+        tr.time_scale(0)
+
+
+@pytest.mark.parametrize("factor", [0.25, 1.0, 2.0, 3.5])
+def test_load_scale_multiplies_requests(factor: float) -> None:
+    tr = step_trace(300.0, 600.0, 2.0, 6.0, seed=2)
+    scaled = tr.load_scale(factor, np.random.default_rng(0))
+    assert len(scaled) == pytest.approx(factor * len(tr), rel=0.08)
+    assert np.all(np.diff(scaled.arrival_s) >= 0)
+    again = tr.load_scale(factor, np.random.default_rng(0))
+    assert np.array_equal(scaled.arrival_s, again.arrival_s)
+    # the shape is kept: the second half still carries about 3x the first
+    first = np.count_nonzero(scaled.arrival_s < 300)
+    second = len(scaled) - first
+    assert 2.2 < second / max(first, 1) < 4.0
+
+
+def test_peak_rate_and_profile() -> None:
+    rs = RateSeries("r", 60.0, np.array([1.0, 4.0, 2.0, 2.0]), TOKENS)
+    assert peak_rate_per_s(rs, 60) == 4.0
+    assert peak_rate_per_s(rs, 120) == 2.5
+    assert rate_profile(rs, 120.0, 240.0).tolist() == pytest.approx([2.5, 2.0])
+    assert rate_profile(rs, 30.0, 120.0).tolist() == pytest.approx([1.0, 1.0, 4.0, 4.0])
+    tr = RequestTrace("t", np.array([0.5, 1.0, 1.5, 61.0]), np.ones(4, int), np.ones(4, int))
+    assert peak_rate_per_s(tr, 60) == pytest.approx(3 / 60)
+
+
+def test_quantile_grid_preserves_means() -> None:
+    rng = np.random.default_rng(1)
+    d = TokenDistribution(rng.integers(10, 5000, 1000), rng.integers(1, 500, 1000))
+    pp, oo = d.quantile_grid(64)
+    assert pp.mean() == pytest.approx(d.mean_prompt, rel=0.01)
+    assert oo.mean() == pytest.approx(d.mean_output, rel=0.01)
+    assert np.all(np.diff(pp) >= 0)
+
+
+@pytest.mark.skipif(not SHARED_DATA.exists(), reason=f"shared data folder {SHARED_DATA} is absent (fresh clone)")
+def test_shared_azure_and_maf_traces_read() -> None:
+    tr = read_azure_trace(SHARED_DATA / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv")
+    assert len(tr) == 8819
+    assert tr.prompt_tokens.mean() == pytest.approx(2047.8, abs=1.0)
+    assert tr.duration_s == pytest.approx(3435.9, abs=1.0)
+    rs = read_rate_series(SHARED_DATA / "maf_rate_series" / "requests_per_minute_first_400h.csv", tr.tokens())
+    assert len(rs.rate_per_s) == 24000 and rs.duration_s == 400 * 3600
