@@ -409,7 +409,8 @@ class CloudPoolProvider:
     def _release(self, g: GroupState, target: int, args: dict[str, Any], log: ActionLog, now: datetime) -> None:
         """Remove ``g.target - target`` instances, choosing only ones that hold none of this pool's
         pods: first instances that never became nodes, then nodes under an interruption notice
-        (they go anyway), then idle nodes, newest first."""
+        (they go anyway), then idle nodes. Instances are matched to nodes by ``providerID`` over
+        the whole cluster, so a wrong node selector cannot make a busy node look empty."""
         group = self.group
         assert group is not None
         excess = g.target - target

@@ -42,6 +42,10 @@ from providers.cloudpool import (
 
 PROVIDER = "kubernetes"
 CALL_SCALE = "patch_namespaced_deployment_scale"
+CALL_DELETION_COST = "patch_namespaced_pod"
+DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+"""The ReplicaSet controller removes pods with the lowest cost first when scaling in."""
+NOTICED_POD_DELETION_COST = -1000
 
 INTERRUPTION_TAINTS: Mapping[str, NoticeKind] = MappingProxyType({
     # aws-node-termination-handler (TAINT_NODE=true): spot interruption, ASG scale-in lifecycle
@@ -397,6 +401,18 @@ class KubernetesCluster:
         return self._call(what, lambda: self.apps.patch_namespaced_deployment_scale(
             name, namespace, body, _request_timeout=t))
 
+    def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str], what: str) -> bool:
+        """Merge ``annotations`` into a pod; ``False`` if the pod is gone already (not an error)."""
+        t = self.settings.request_timeout_s
+        try:
+            self._call(what, lambda: self.core.patch_namespaced_pod(
+                name, namespace, {"metadata": {"annotations": dict(annotations)}}, _request_timeout=t))
+        except PermanentProviderError as e:
+            if isinstance(e.__cause__, ApiException) and e.__cause__.status == 404:
+                return False
+            raise
+        return True
+
     def list_pods(self, namespace: str, selector: str, what: str) -> list[k8s.V1Pod]:
         reqs = parse_selector(selector)
         t = self.settings.request_timeout_s
@@ -447,6 +463,9 @@ class PoolObservation:
     oldest_unschedulable_s: float | None
     interrupted_replicas: int
     notices: tuple[Notice, ...]
+    namespace: str = ""
+    noticed_pods: tuple[str, ...] = ()
+    """Names of this model's pods on nodes under an interruption notice."""
 
     @property
     def gpus_allocatable(self) -> int:
@@ -482,7 +501,8 @@ class KubernetesPoolProvider:
         self.dry_run = dry_run
         self.marks = UnavailableMarks()
         self._monotonic = monotonic
-        self._first_seen: dict[str, datetime] = {}
+        self._first_seen: dict[str, dict[str, datetime]] = {}
+        """Per model: when each timestamp-less unschedulable pod was first seen."""
         self._notices_seen: dict[str, datetime] = {}
         self._last: dict[str, PoolObservation] = {}
 
@@ -498,10 +518,12 @@ class KubernetesPoolProvider:
     def _what(self, model: str, ref: DeploymentRef) -> str:
         return f"Deployment {ref.namespace}/{ref.name} of model {model!r} in pool {self.pool.name!r}"
 
-    def pool_nodes(self) -> list[NodeInfo]:
+    def pool_nodes(self, selector: str | None = None) -> list[NodeInfo]:
+        """The pool's nodes (``selector``: another label selector; ``""`` for every node)."""
         s = self.settings
+        sel = self.node_selector if selector is None else selector
         out = []
-        for n in self.cluster.list_nodes(self.node_selector, f"nodes of pool {self.pool.name!r}"):
+        for n in self.cluster.list_nodes(sel, f"nodes of pool {self.pool.name!r}"):
             out.append(NodeInfo(
                 name=n.metadata.name, ready=node_ready(n), schedulable=node_schedulable(n),
                 gpus_allocatable=node_allocatable_gpus(n, s.gpu_resource),
@@ -509,11 +531,12 @@ class KubernetesPoolProvider:
                 notices=tuple(node_notices(n, s.interruption_taints, s.interruption_condition_types))))
         return out
 
-    def _selector(self, ref: DeploymentRef, dep: k8s.V1Deployment | None = None) -> str:
+    def _selector(self, ref: DeploymentRef, what: str, dep: k8s.V1Deployment | None = None) -> str:
+        """The configured pod selector, else the Deployment's own (read if not given)."""
         if ref.label_selector:
             return ref.label_selector
         if dep is None:
-            dep = self.cluster.read_deployment(ref.namespace, ref.name, self._what("?", ref))
+            dep = self.cluster.read_deployment(ref.namespace, ref.name, what)
         return selector_from_label_selector(dep.spec.selector if dep.spec else None)
 
     # -- observe ----------------------------------------------------------------------------------
@@ -532,7 +555,7 @@ class KubernetesPoolProvider:
         ref = self._ref(model.name)
         what = self._what(model.name, ref)
         dep = self.cluster.read_deployment(ref.namespace, ref.name, what)
-        selector = self._selector(ref, dep)
+        selector = self._selector(ref, what, dep)
         pods = self.cluster.list_pods(ref.namespace, selector, f"pods of {what}")
         nodes = self.pool_nodes()
 
@@ -564,6 +587,8 @@ class KubernetesPoolProvider:
             if p.spec and p.spec.node_name:
                 pods_by_node[p.spec.node_name] = pods_by_node.get(p.spec.node_name, 0) + 1
         interrupted = sum(c for n, c in pods_by_node.items() if n in noticed)
+        noticed_pods = tuple(sorted(p.metadata.name for p in live
+                                    if p.spec and p.spec.node_name in noticed and p.metadata))
 
         # Unschedulable replicas past the timeout mark the whole pool: it lacks capacity for all.
         timeout_s = self.settings.unschedulable_timeout_s + self.pool.provisioning_delay_s
@@ -575,11 +600,11 @@ class KubernetesPoolProvider:
                 continue
             key = (p.metadata.uid or f"{p.metadata.namespace}/{p.metadata.name}") if p.metadata else ""
             # A pod without any timestamp is aged from the first time this provider saw it.
-            first_seen[key] = self._first_seen.get(key, now)
+            first_seen[key] = self._first_seen.get(model.name, {}).get(key, now)
             since = pod_unschedulable_since(p) or first_seen[key]
             stuck_ages.append(max(0.0, (now - since).total_seconds()))
             message = message or _pod_message(p)
-        self._first_seen = first_seen
+        self._first_seen[model.name] = first_seen
         late = [a for a in stuck_ages if a > timeout_s]
         if late:
             self.marks.mark(self.pool.name, now + timedelta(seconds=self.settings.unavailable_for_s), unavailable_reason(
@@ -600,7 +625,7 @@ class KubernetesPoolProvider:
             unavailable_replicas=(status.unavailable_replicas or 0) if reconciled else None,
             selector=selector, nodes=tuple(nodes), pods_by_node=pods_by_node,
             unschedulable_pods=len(stuck_ages), oldest_unschedulable_s=max(stuck_ages) if stuck_ages else None,
-            interrupted_replicas=interrupted, notices=notices)
+            interrupted_replicas=interrupted, notices=notices, namespace=ref.namespace, noticed_pods=noticed_pods)
         self._last[model.name] = obs
         return obs
 
@@ -631,18 +656,20 @@ class KubernetesPoolProvider:
 
     def busy_nodes(self, now: datetime) -> set[str]:
         """Nodes that still hold a pod (running, pending on the node or terminating) of any of this
-        pool's Deployments: a node group must not release them."""
+        pool's Deployments: a node group must not release them. (A pool's GPU nodes are expected to
+        carry only tidegate's pods and DaemonSets, kept there by the pool's taints.) A Deployment
+        that cannot be read makes this raise: no node is released on a guess."""
         busy: set[str] = set()
         for model, ref in self.deployments.items():
             what = self._what(model, ref)
-            for p in self.cluster.list_pods(ref.namespace, self._selector(ref), f"pods of {what}"):
+            for p in self.cluster.list_pods(ref.namespace, self._selector(ref, what), f"pods of {what}"):
                 if p.spec and p.spec.node_name and not pod_terminal(p):
                     busy.add(p.spec.node_name)
         return busy
 
     def nodes_by_instance(self, instance_id_for: Callable[[str], str | None], now: datetime) -> dict[str, NodeInfo]:
         out: dict[str, NodeInfo] = {}
-        for n in self.pool_nodes():
+        for n in self.pool_nodes(""):
             iid = instance_id_for(n.provider_id) if n.provider_id else None
             if iid:
                 out[iid] = n
@@ -673,6 +700,8 @@ class KubernetesPoolProvider:
                      ActionStatus.NOOP if cur == replicas else ActionStatus.DRY_RUN, provider=PROVIDER)
             return
 
+        self._prefer_noticed_pods(model, replicas, log)
+
         def once() -> None:
             scale = self.cluster.read_scale(ref.namespace, ref.name, what)
             cur = scale.spec.replicas if scale.spec and scale.spec.replicas is not None else 0
@@ -690,6 +719,25 @@ class KubernetesPoolProvider:
             # Failed patches are already rows; a read that failed is not a call we made to act.
             raise log.fail(e) from e.__cause__
 
+    def _prefer_noticed_pods(self, model: ModelSpec, replicas: int, log: ActionLog) -> None:
+        """Before scaling in, give the pods on nodes under an interruption notice the lowest
+        ``pod-deletion-cost``, so the ReplicaSet removes those (they are going anyway) instead of
+        healthy ones. Pods already gone are skipped."""
+        obs = self._last.get(model.name)
+        if obs is None or obs.replicas is None or replicas >= obs.replicas or not obs.noticed_pods:
+            return
+        ns = obs.namespace
+
+        def annotate(pod: str) -> Callable[[], bool]:
+            return lambda: self.cluster.annotate_pod(
+                ns, pod, {DELETION_COST_ANNOTATION: str(NOTICED_POD_DELETION_COST)},
+                f"pod {ns}/{pod} of model {model.name!r} in pool {self.pool.name!r}")
+
+        for name in obs.noticed_pods[: obs.replicas - replicas]:
+            args = {"namespace": ns, "pod": name,
+                    "annotation": f"{DELETION_COST_ANNOTATION}={NOTICED_POD_DELETION_COST}"}
+            log.run(CALL_DELETION_COST, args, annotate(name), provider=PROVIDER)
+
     def scale(self, model: ModelSpec, replicas: int, nodes: int, now: datetime) -> Sequence[Action]:
         """Set the model's replicas in this pool. ``nodes`` is not actuated: the nodes of a pool
         without a node group exist or not; the core sizes placements by ``max_nodes``."""
@@ -700,7 +748,7 @@ class KubernetesPoolProvider:
 
 
 __all__ = [
-    "CALL_SCALE", "ConflictError", "Deployment", "DeploymentRef", "INTERRUPTION_TAINTS", "KubernetesCluster",
+    "CALL_DELETION_COST", "CALL_SCALE", "ConflictError", "DELETION_COST_ANNOTATION", "Deployment", "DeploymentRef", "INTERRUPTION_TAINTS", "KubernetesCluster",
     "KubernetesPoolProvider", "KubernetesSettings", "NodeInfo", "PROVIDER", "PoolObservation", "Requirement",
     "make_api_client", "node_allocatable_gpus", "node_notices", "node_ready", "node_schedulable",
     "parse_selector", "pod_terminal", "pod_unschedulable", "pod_unschedulable_since", "selector_from_label_selector",

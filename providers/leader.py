@@ -142,15 +142,21 @@ class PostgresAdvisoryLock:
             return False
 
     def try_acquire(self) -> bool:
-        try:
-            conn = self._connection()
-            if self._holds(conn):
-                return True  # no second lock: session locks stack and would need two unlocks
-            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()
-            return bool(row and row[0])
-        except psycopg.Error as e:
-            self._drop(e)
-            return False
+        # A connection whose session was ended under it fails on first use; one fresh connection
+        # is tried at once rather than losing a whole tick.
+        for attempt in range(2):
+            reused = self._conn is not None and not self._conn.closed
+            try:
+                conn = self._connection()
+                if self._holds(conn):
+                    return True  # no second lock: session locks stack and would need two unlocks
+                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()
+                return bool(row and row[0])
+            except psycopg.Error as e:
+                self._drop(e)
+                if not reused or attempt:
+                    return False
+        return False
 
     def release(self) -> None:
         if self._conn is None or self._conn.closed:

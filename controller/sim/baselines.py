@@ -316,7 +316,7 @@ class KedaScaledObject:
         self.cooldown_s = cooldown_s
         self.activation = activation_threshold
         self.hpa = HpaAlgorithm(min_replicas=max(1, min_replicas), max_replicas=max_replicas)
-        self.last_active_s = -math.inf
+        self.last_active_s = 0.0  # the workload was running when the simulation starts
         self.next_poll_s = 0.0
 
     def step(self, now_s: float, current: int, metric: float | None) -> int:

@@ -1193,6 +1193,10 @@ class Simulation:
             if pool is None:
                 continue
             n = min(max(0, int(n)), pool.spec.max_nodes * pool.per_node)
+            if pool.spot is not None and not pool.onprem:
+                cap = pool.spot.capacity_nodes(0.0)
+                if cap is not None:
+                    n = min(n, cap * pool.per_node)  # the warm fleet only holds what the cloud had
             self._set_desired(pool, n)
             if not pool.onprem and pool.per_node > 0:
                 need = -(-n // pool.per_node)

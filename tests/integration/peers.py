@@ -404,8 +404,13 @@ class KubeControllers:
             dep = self.apps.read_namespaced_deployment(md.name, md.namespace)
             want = dep.spec.replicas
             pods = self._pods_of(md)
-            # scale-in: Pending first, then the newest
-            pods.sort(key=lambda p: (p.spec.node_name is not None, p.metadata.name))
+            # scale-in as the ReplicaSet controller ranks: unscheduled first, then the lowest
+            # controller.kubernetes.io/pod-deletion-cost, then (here) by name
+            def rank(p: k8s.V1Pod) -> tuple[bool, int, str]:
+                cost = int((p.metadata.annotations or {}).get("controller.kubernetes.io/pod-deletion-cost", "0"))
+                return (p.spec.node_name is not None, cost, p.metadata.name)
+
+            pods.sort(key=rank)
             while len(pods) > want:
                 victim = pods.pop(0)
                 self.core.delete_namespaced_pod(victim.metadata.name, md.namespace)

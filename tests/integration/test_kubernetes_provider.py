@@ -20,7 +20,7 @@ from controller.core.model import ActionStatus, ModelSpec, PoolKind, PoolSpec, R
 from controller.protocols import PermanentProviderError, TransientProviderError
 from providers.cloudpool import RetryPolicy, actions_of
 from providers.kubernetes import (
-    CALL_SCALE, Deployment, KubernetesCluster, KubernetesPoolProvider, KubernetesSettings,
+    CALL_DELETION_COST, CALL_SCALE, Deployment, KubernetesCluster, KubernetesPoolProvider, KubernetesSettings,
 )
 from tests.integration.peers import KubeControllers, KubePeer, taint_node
 
@@ -226,6 +226,26 @@ def test_interruption_taints_count_the_replicas_on_noticed_nodes(world: World) -
     taint_node(world.core, first, "cloud.google.com/impending-node-termination", at=T0)
     st = p.state(world.model, T0 + timedelta(seconds=10))
     assert st.interrupted_replicas == 6 and st.recent_interruptions == 2
+
+
+def test_scaling_in_after_a_notice_removes_the_replicas_on_the_noticed_node(world: World) -> None:
+    world.setup(replicas=1, nodes=2)
+    p = world.provider()
+    p.scale(world.model, 6, 0, T0)
+    world.ctl.reconcile(T0)
+    first, second = sorted(p.observe(world.model, T0).pods_by_node)
+    taint_node(world.core, second, "aws-node-termination-handler/spot-itn", at=T0)
+    assert p.state(world.model, T0 + timedelta(seconds=5)).interrupted_replicas == 2
+    actions = p.scale(world.model, 4, 0, T0 + timedelta(seconds=5))
+    # the two doomed pods get the lowest deletion cost first, then the Deployment shrinks
+    assert [(a.call, a.status) for a in actions] == [
+        (CALL_DELETION_COST, ActionStatus.OK), (CALL_DELETION_COST, ActionStatus.OK), (CALL_SCALE, ActionStatus.OK)]
+    world.ctl.reconcile(T0 + timedelta(seconds=10))  # the ReplicaSet honours the cost
+    st = p.state(world.model, T0 + timedelta(seconds=10))
+    assert (st.replicas, st.ready_replicas, st.interrupted_replicas) == (4, 4, 0)
+    assert dict(p.last_observation("llama").pods_by_node) == {first: 4}  # type: ignore[union-attr]
+    # the same call again: nothing to annotate, nothing to scale
+    assert [a.status for a in p.scale(world.model, 4, 0, T0 + timedelta(seconds=15))] == [ActionStatus.NOOP]
 
 
 def test_dry_run_makes_no_call_at_all_and_records_what_it_would_do(world: World) -> None:

@@ -102,6 +102,19 @@ def test_only_one_leads_and_the_follower_takes_over_when_the_leaders_session_is_
         b.release()
 
 
+def test_a_leader_whose_session_was_killed_while_idle_regains_the_free_lock_in_one_try(
+        pg_dsn: str, admin: psycopg.Connection[tuple[object, ...]]) -> None:
+    a = PostgresAdvisoryLock(pg_dsn, name=f"t-{uuid.uuid4().hex}")
+    try:
+        assert a.try_acquire()
+        old = a.backend_pid
+        _kill(admin, old)
+        assert a.try_acquire()  # the dead connection fails, a fresh one takes the free lock
+        assert a.backend_pid != old and _holders(admin, a) == [a.backend_pid]
+    finally:
+        a.release()
+
+
 def test_release_hands_leadership_over_at_once(pg_dsn: str, admin: psycopg.Connection[tuple[object, ...]]) -> None:
     name = f"t-{uuid.uuid4().hex}"
     a = PostgresAdvisoryLock(pg_dsn, name=name)

@@ -80,7 +80,9 @@ def setup(workload: RateSeries | RequestTrace, *, pool_specs: dict[str, PoolSpec
 
 def policy(min_replicas: int = 1, max_replicas: int = 16, **slo_guard: object) -> EffectivePolicy:
     reg = Registry.from_entry_points()
-    params = {"capacity_fraction": 0.8, **slo_guard}
+    # GPU utilization (DCGM_FI_DEV_GPU_UTIL, time with a kernel running) reads ~100 % whenever a
+    # continuous-batching replica holds any request, so it cannot size an LLM fleet: off.
+    params = {"capacity_fraction": 0.8, "gpu_utilization_target_pct": None, **slo_guard}
     spec = PolicySpec(model="llama3-70b-fp8", bounds=Bounds(min_replicas=min_replicas, max_replicas=max_replicas),
                       slo=SLO(ttft_p99_ms=1500, tpot_ms=100, p99_latency_ms=20000, queue_depth_per_replica=4),
                       rules=(RuleSpec(kind="slo-guard", params=params),), budget=Budget())

@@ -57,12 +57,14 @@ def test_keda_activates_no_sooner_than_its_polling_interval() -> None:
 
 def test_keda_scales_to_zero_after_the_cooldown() -> None:
     r = F.rate_at_slo()
-    su = F.setup(F.step_trace(300.0, 1800.0, 2.0 * r, 0.0, seed=3), mode="requests")
-    res = simulate(su, KedaController(min_replicas=0, max_replicas=8, threshold=5.0))
+    # one replica at most and twice its load: the queue stays active until the load stops at 300 s
+    su = F.setup(F.step_trace(300.0, 1800.0, 2.0 * r, 0.0, seed=3), mode="requests", duration_s=1800.0)
+    res = simulate(su, KedaController(min_replicas=0, max_replicas=1, threshold=5.0))
     downs = [t for t, _, a, b in res.actions if b == 0 and a > 0]
     assert downs, res.actions
-    # the queue is empty from ~300 s on; deactivation waits cooldownPeriod (300 s) after the last activity
+    # deactivation waits cooldownPeriod (300 s) after the last poll that saw a queue, and happens at a poll
     assert min(downs) >= 300.0 + 300.0
+    assert min(downs) % 30.0 == pytest.approx(0.0, abs=1e-6)
 
 
 def test_skyserve_waits_its_upscale_delay() -> None:

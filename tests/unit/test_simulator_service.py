@@ -26,8 +26,8 @@ def test_profile_reproduces_the_published_throughputs(gpu: str) -> None:
     prof = PROFILE.gpus[gpu]
     assert len(prof.published) == 9
     for pt in prof.published:
-        model = offline_throughput(prof, pt.input_tokens, pt.output_tokens, requests=300)
-        assert model == pytest.approx(pt.output_tokens_per_s, rel=0.10), (gpu, pt)
+        model = offline_throughput(prof, pt.input_tokens, pt.output_tokens)
+        assert model == pytest.approx(pt.output_tokens_per_s, rel=0.05), (gpu, pt)
 
 
 def test_profile_file_validates_and_cites_its_source() -> None:
