@@ -66,6 +66,14 @@ class _Opinion:
     message: str
 
 
+def _idle(ctx: PolicyContext) -> bool:
+    """True when the latency is absent because there was no traffic: the source says so
+    (``NoRequests``) or the request rate is a fresh zero."""
+    reason = ctx.signals.p99_latency_ms.reason or ""
+    rate = ctx.fresh("request_rate_per_s")
+    return reason.startswith("NoRequests") or rate == 0
+
+
 class SloGuard(PolicyKind):
     """Max of latency, queue, utilization and throughput recommendations."""
 
@@ -85,9 +93,12 @@ class SloGuard(PolicyKind):
                         "slo.queue_depth_per_replica. Unset in both: the queue signal is off.",
         )
         gpu_utilization_target_pct: float | None = Field(
-            80, gt=0, le=100,
+            None, gt=0, le=100,
             description="Target mean GPU utilization, percent (HPA-style proportional sizing); "
-                        "null turns the utilization signal off.",
+                        "null (the default) leaves the signal off: DCGM's GPU_UTIL is the share of "
+                        "time a kernel ran, near 100 % whenever a continuously batching replica "
+                        "holds any request, so it says little about spare capacity. Set it where "
+                        "the utilization signal is a real load measure.",
         )
         capacity_fraction: float = Field(
             0.8, gt=0, le=1,
@@ -123,6 +134,10 @@ class SloGuard(PolicyKind):
             configured += 1
             value, code, why = read_signal(ctx, signal)
             if value is None:
+                if sub == "latency" and _idle(ctx):
+                    # No request completed because none arrived: an idle model has no latency to
+                    # guard, and reading that as missing data would hold an idle fleet forever.
+                    return
                 missing.append((code, why))
                 return
             if sub == "queue":

@@ -305,6 +305,15 @@ def decide(
             token_cap = per_million * rate * _S_PER_HOUR / _TOKENS_PER_MILLION
             budget_note = f"${per_million:g}/M tokens at {rate:g} tok/s = ${token_cap:.2f}/h"
             if cap_usd is None or token_cap < cap_usd:
+                # Cost per token is an efficiency ceiling, not a spending one: at low traffic it
+                # would otherwise starve the fleet below min_replicas (even to zero). It limits
+                # scale-out only; the hard max_cost_per_hour_usd still beats min_replicas.
+                floor = place(model=model, pools=pools, states=states, total=min(lo, value),
+                              placement=spec.placement, max_cost_per_hour_usd=cap_usd,
+                              drained=drained, pinned=fixed).cost_per_hour_usd
+                if token_cap < floor:
+                    budget_note += f", raised to ${floor:.2f}/h (the cost of min_replicas {lo})"
+                    token_cap = floor
                 cap_usd, cap_reason = token_cap, Reason.COST_PER_TOKEN_CAP_REACHED.value
     result = place(model=model, pools=pools, states=states, total=value, placement=spec.placement,
                    max_cost_per_hour_usd=cap_usd, drained=drained, pinned=fixed)

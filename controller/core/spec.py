@@ -103,7 +103,7 @@ class Placement(_Strict):
 
 class Budget(_Strict):
     max_cost_per_hour_usd: float | None = Field(None, gt=0, description="Hard ceiling on the placement's cost per hour, all pools (on-prem at its amortized price).")
-    max_cost_per_million_tokens_usd: float | None = Field(None, gt=0, description="Ceiling on cost per million output tokens at the observed token rate; ignored while the token rate is unknown.")
+    max_cost_per_million_tokens_usd: float | None = Field(None, gt=0, description="Ceiling on cost per million output tokens at the observed token rate: limits scale-out, never pushes below min_replicas; ignored while the token rate is unknown or zero.")
 
 
 class OnMissing(str, enum.Enum):

@@ -57,7 +57,7 @@ from controller.core.pipeline import decide
 from controller.core.placement import place
 from controller.core.policy import EffectivePolicy
 from controller.core.spec import Placement as PlacementSpec
-from controller.sim.engine import Observation, SimSetup
+from controller.sim.engine import Controller, Observation, SimSetup
 from controller.sim.workload import RequestTrace, rate_profile
 
 BASELINES = ("seed-stack", "hpa", "keda", "skyserve", "all-on-demand", "oracle")
@@ -618,10 +618,9 @@ class OracleController:
         remaining = demand.copy()
         plan: dict[str, np.ndarray] = {}
         for _, _, name, r, cap, lead in rows:
-            k = np.minimum(cap, np.ceil(np.maximum(remaining, 0.0) / r - 1e-9).astype(np.int64))
-            remaining = remaining - k * r
-            width = int(math.ceil(lead / g))
-            plan[name] = _forward_max(k, width)
+            take = np.minimum(cap, np.ceil(np.maximum(remaining, 0.0) / r - 1e-9).astype(np.int64))
+            remaining = remaining - take * r
+            plan[name] = _forward_max(take, int(math.ceil(lead / g)))
         for p in pools:
             plan.setdefault(p.name, np.zeros(n, dtype=np.int64))
         self.plan = plan
@@ -752,7 +751,7 @@ class BaselineSettings:
 
 
 def make_controller(name: str, setup: SimSetup, policy: EffectivePolicy | None,
-                    settings: BaselineSettings) -> object:
+                    settings: BaselineSettings) -> Controller:
     """A fresh controller for one run (controllers hold state)."""
     if name == "tidegate":
         if policy is None:

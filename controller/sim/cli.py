@@ -117,7 +117,7 @@ def simulate_main(argv: Sequence[str] | None = None) -> int:
     for name in names:
         try:
             ctrl = make_controller(name, setup, sc.policy, settings)
-            res = simulate(setup, ctrl)  # type: ignore[arg-type]
+            res = simulate(setup, ctrl)
         except (ValueError, OSError) as e:
             print(f"tidegate simulate: {name}: {e}", file=sys.stderr)
             return 2

@@ -337,7 +337,7 @@ class Simulation:
         self.n_req = 0
         self.next_req = 0
         self.queue: deque[int] = deque()
-        self.dropped = 0
+        self.dropped = 0.0
         self.completed = 0
         self.cum_out_tokens = 0.0
         self.cum_in_tokens = 0.0
@@ -346,8 +346,8 @@ class Simulation:
             trace = setup.workload if isinstance(setup.workload, RequestTrace) else setup.workload.to_requests(
                 np.random.default_rng([setup.seed, 0xA11]))
             trace = trace.head(self.end_s)
-            self.trace = trace
-            self.book = RequestBook(trace.arrival_s, trace.prompt_tokens, trace.output_tokens)
+            self.trace: RequestTrace | None = trace
+            self.book = RequestBook(trace.arrival_s.tolist(), trace.prompt_tokens.tolist(), trace.output_tokens.tolist())
             self.n_req = len(trace)
             self.arrivals = trace.arrival_s
         else:
@@ -777,6 +777,7 @@ class Simulation:
             best_load = 1 << 30
             for pod in ready:
                 rep = pod.replica
+                assert rep is not None
                 s = rep.slots
                 if s < best_load and s < rep.prof.max_batch and rep.kv_used + need_kv <= rep.prof.kv_cache_tokens:
                     best = pod
@@ -785,6 +786,7 @@ class Simulation:
                 break
             q.popleft()
             rep = best.replica
+            assert rep is not None
             rep.admit(r, now)
             self.cum_in_tokens += prompt[r]
             self._sched_replica(best)
@@ -799,6 +801,7 @@ class Simulation:
 
     def _sched_replica(self, pod: _Pod) -> None:
         rep = pod.replica
+        assert rep is not None
         rep.version += 1
         t = rep.next_event_s()
         if t < INF:
@@ -907,8 +910,8 @@ class Simulation:
             if b[1] <= 1e-9:
                 backlog.popleft()
         served = 0.0
-        for _, c in chunks:
-            served += c
+        for _, part in chunks:
+            served += part
         s_rate = served / step
         groups: dict[str, tuple[float, SteadyState]] = {}
         util = kv = waiting = p99 = 0.0
@@ -967,7 +970,7 @@ class Simulation:
         h = np.zeros(HIST_BINS)
         for key, w in weights.items():
             if w > 0:
-                h += w * self.fluid_cache[key][which]
+                h += w * np.asarray(self.fluid_cache[key][which])
         return h
 
     # ------------------------------------------------------------------ observation
@@ -1017,10 +1020,10 @@ class Simulation:
             while log and log[0][0] < now - win:
                 self.fluid_log_sum -= log.popleft()[1]
             s["request_rate_per_s"] = self.fluid_log_sum / win
-            p = self.fluid_p99
-            while p and p[0][0] < now - win:
-                p.popleft()
-            s["p99_latency_ms"] = max(x[1] for x in p) * 1000.0 if p else None
+            p99s = self.fluid_p99
+            while p99s and p99s[0][0] < now - win:
+                p99s.popleft()
+            s["p99_latency_ms"] = max(x[1] for x in p99s) * 1000.0 if p99s else None
         # counters -> rates over the window
         self.token_log.append((now, self.cum_out_tokens, self.cum_in_tokens))
         while len(self.token_log) > 1 and self.token_log[0][0] < now - win - 1e-9:
@@ -1189,9 +1192,9 @@ class Simulation:
                     self._new_node(pool, 0.0, N_READY)
         init = self.ctrl.initial(self.setup, self._initial_need())
         for name, n in init.items():
-            pool = self.pools.get(name)
-            if pool is None:
+            if name not in self.pools:
                 continue
+            pool = self.pools[name]
             n = min(max(0, int(n)), pool.spec.max_nodes * pool.per_node)
             if pool.spot is not None and not pool.onprem:
                 cap = pool.spot.capacity_nodes(0.0)
@@ -1224,9 +1227,8 @@ class Simulation:
     def _want_progress(self) -> bool:
         if self.opt.progress is not None:
             return self.opt.progress
-        if self.mode == "requests":
-            return self.n_req > 200_000
-        return self.end_s > 2 * 86400
+        # runs longer than a few seconds: many requests, or many decisions (a decide() is ~0.2 ms)
+        return self.n_req > 200_000 or self.end_s / max(self.ctrl.interval_s, 1e-9) > 20_000
 
     def run(self) -> RunResult:
         wall0 = _wall.perf_counter()
@@ -1361,15 +1363,15 @@ class Simulation:
             tl["p99_e2e_s"] = p99_e2e
             tl["p99_ttft_s"] = p99_ttft
         else:
-            n = self.fluid_arrived
+            n_arr = self.fluid_arrived
             dropped = self.dropped + sum(b[1] for b in self.backlog)
-            s["requests"] = int(round(n))
+            s["requests"] = int(round(n_arr))
             s["completed"] = int(round(self.fluid_served))
             s["dropped"] = int(round(dropped))
             s["retried"] = int(round(self.fluid_retried))
-            s["slo_attainment"] = self.fluid_ok / n if n else math.nan
-            s["ttft_attainment"] = self.fluid_ok_ttft / n if n else math.nan
-            s["tpot_attainment"] = self.fluid_ok_tpot / n if n else math.nan
+            s["slo_attainment"] = self.fluid_ok / n_arr if n_arr else math.nan
+            s["ttft_attainment"] = self.fluid_ok_ttft / n_arr if n_arr else math.nan
+            s["tpot_attainment"] = self.fluid_ok_tpot / n_arr if n_arr else math.nan
             h_ttft = self.fluid_hist_ttft + self._fluid_hist(self.fluid_w, 4)
             h_e2e = self.fluid_hist_e2e + self._fluid_hist(self.fluid_w, 5)
             h_tpot = self.fluid_hist_tpot + self._fluid_hist(self.fluid_w, 6)
@@ -1401,7 +1403,7 @@ class Simulation:
         s["requests_retried_after_interruption"] = int(self.killed_requests) if self.mode == "requests" else s["retried"]
         if self.controller_errors:
             s["controller_errors"] = self.controller_errors[:20]
-        timeline = dict(tl)
+        timeline: dict[str, Any] = dict(tl)
         timeline["record_s"] = self.record_s
         timeline["pools"] = {name: {"kind": p.spec.kind.value, "gpu_type": p.spec.gpu_type} for name, p in self.pools.items()}
         timeline["slo"] = {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}

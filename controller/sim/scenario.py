@@ -137,8 +137,7 @@ def parse_spot_args(specs: Iterable[str], windows: Iterable[str], pools: dict[st
             tr = load_spot_trace(what)
         except (OSError, ValueError) as e:
             raise ScenarioError(f"--spot {s!r}: {e}") from e
-        tr = tr.rolled(offset) if offset is not None else tr.start_at_first_capacity()
-        traces[pool] = (tr, 0.0)
+        traces[pool] = (tr.rolled(offset) if offset is not None else tr.start_at_first_capacity(), 0.0)
     wins: dict[str, list[tuple[float, float]]] = {}
     for w in windows:
         try:
@@ -154,9 +153,9 @@ def parse_spot_args(specs: Iterable[str], windows: Iterable[str], pools: dict[st
         spec = pools[name]
         if not spec.kind.is_spot and name not in wins:
             continue
-        tr, rate = traces.get(name, (None, default_rate if spec.kind.is_spot else 0.0))
-        out[name] = SpotModel(cloud=spec.kind.cloud or "aws", trace=tr, scale_nodes=spec.max_nodes,
-                              interruptions_per_node_hour=rate, unavailable_windows=tuple(wins.get(name, ())),
+        tr_rate: tuple[SpotTrace | None, float] = traces.get(name, (None, default_rate if spec.kind.is_spot else 0.0))
+        out[name] = SpotModel(cloud=spec.kind.cloud or "aws", trace=tr_rate[0], scale_nodes=spec.max_nodes,
+                              interruptions_per_node_hour=tr_rate[1], unavailable_windows=tuple(wins.get(name, ())),
                               seed=seed, pool=name)
     return out
 

@@ -128,7 +128,7 @@ class RequestTrace:
         return RequestTrace(self.name, t[order], p[order], o[order])
 
     def head(self, duration_s: float) -> "RequestTrace":
-        k = int(np.searchsorted(self.arrival_s, duration_s, side="left"))
+        k = int(np.searchsorted(self.arrival_s, duration_s, side="right"))
         return RequestTrace(self.name, self.arrival_s[:k], self.prompt_tokens[:k], self.output_tokens[:k])
 
 

@@ -178,7 +178,8 @@ def signals(triton_server: TritonServer) -> Iterator[Signals]:  # noqa: F811 (th
     scraping both every second."""
     binary = prometheus_binary_or_skip()
     dcgm = DcgmExporter([GpuState(0, pod=POD, namespace=NAMESPACE, container="triton", util_pct=GPU_UTIL_PCT,
-                                  hostname=f"{ONPREM}-node-0")]).start()
+                                  hostname=f"{ONPREM}-node-0")])
+    dcgm.start()
     prom = LocalPrometheus([
         ScrapeTarget("triton", triton_server.metrics, {"pool": ONPREM, "namespace": NAMESPACE, "pod": POD}),
         ScrapeTarget("dcgm", dcgm.address, honor_labels=True),
@@ -372,6 +373,7 @@ def test_load_at_triton_scales_up_then_down_only_after_the_stabilization_window(
     assert down["replicas"] < high and down["reason"] == Reason.BELOW_TARGETS.value, story(down)
     assert signal(down, "queue_depth") == 0.0
     assert down["placement"][SPOT] <= max(down["replicas"] - 2, 0)  # spot is released before on-prem
+    lab.clients.close()  # no request failed meanwhile
 
 
 def test_prometheus_down_holds_scales_up_on_triton_and_recovers(lab: Lab) -> None:

@@ -392,6 +392,19 @@ def test_cost_per_token_cap() -> None:
     assert run(both, sig=sig).reason == Reason.BUDGET_CAP_REACHED.value
 
 
+def test_cost_per_token_cap_never_starves_min_replicas() -> None:
+    # a trickle of 10 tok/s at $1/M allows $0.04/h: far below one on-prem node ($8/h); the
+    # efficiency ceiling gives way to min_replicas (the hourly cap would not)
+    pol = policy(fixed(8), bounds={"min_replicas": 3, "max_replicas": 20},
+                 budget={"max_cost_per_million_tokens_usd": 1.0})
+    d = run(pol, sig=signals({"onprem": 4}, output_tokens_per_s=Sample(10.0, NOW)))
+    # min 3 needs the on-prem node ($8/h); its fourth slot costs nothing more, so 4 fit the floor
+    assert d.placement == {"onprem": 4, "spot-a": 0, "spot-b": 0, "od": 0}
+    assert d.cost_per_hour_usd == pytest.approx(8.0)
+    assert d.reason == Reason.COST_PER_TOKEN_CAP_REACHED.value
+    assert "min_replicas 3" in stage(d, "budget").message
+
+
 def test_spot_interruption_replaced_in_the_same_decision() -> None:
     sig = signals({"onprem": 4, "spot-a": 2})
     pools = dict(sig.pools)
@@ -455,14 +468,14 @@ def test_prop_decide_bounds_budget_determinism(case, paused: bool) -> None:
     assert sum(d.placement.values()) == d.replicas
     assert d.replicas <= spec.bounds.max_replicas
     assert d.cost_per_hour_usd == pytest.approx(placement_cost(sc.model, sc.pools, sc.states, d.placement))
-    caps = []
-    if spec.budget.max_cost_per_hour_usd is not None:
-        caps.append(spec.budget.max_cost_per_hour_usd)
+    if spec.budget.max_cost_per_hour_usd is not None:  # the hard ceiling: never exceeded
+        assert d.cost_per_hour_usd <= spec.budget.max_cost_per_hour_usd + 1e-6
     rate = sig.output_tokens_per_s.value
-    if spec.budget.max_cost_per_million_tokens_usd is not None and rate:
-        caps.append(spec.budget.max_cost_per_million_tokens_usd * rate * 3600 / 1e6)
-    for cap in caps:
-        assert d.cost_per_hour_usd <= cap + 1e-6
+    if spec.budget.max_cost_per_million_tokens_usd is not None and rate and not paused:
+        token_cap = spec.budget.max_cost_per_million_tokens_usd * rate * 3600 / 1e6
+        if d.cost_per_hour_usd > token_cap + 1e-6:
+            # the efficiency ceiling only gives way to hold min_replicas (or what was already there)
+            assert d.replicas <= max(spec.bounds.min_replicas, d.current_replicas), d.trace
     if d.replicas < spec.bounds.min_replicas:
         limited = {Reason.BUDGET_CAP_REACHED.value, Reason.COST_PER_TOKEN_CAP_REACHED.value}
         assert (stage(d, "budget").reason in limited

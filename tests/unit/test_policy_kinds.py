@@ -277,13 +277,13 @@ QUIET = {"p99_latency_ms": 300, "queue_depth": 0, "gpu_utilization_pct": 40,
     ],
 )
 def test_slo_guard(changes: dict[str, Any], replicas: int | None, reason: Reason, missing: bool) -> None:
-    rec = build(SloGuard).recommend(ctx(slo=SLO, **{**QUIET, **changes}))
+    rec = build(SloGuard, gpu_utilization_target_pct=80).recommend(ctx(slo=SLO, **{**QUIET, **changes}))
     assert (rec.replicas, rec.reason, rec.missing_data) == (replicas, reason.value, missing), rec.message
     assert rec.opinion is Opinion.TARGET
 
 
 def test_slo_guard_message_says_the_numbers() -> None:
-    rec = build(SloGuard).recommend(ctx(slo=SLO, **{**QUIET, "p99_latency_ms": 2500, "queue_depth": MISS}))
+    rec = build(SloGuard, gpu_utilization_target_pct=80).recommend(ctx(slo=SLO, **{**QUIET, "p99_latency_ms": 2500, "queue_depth": MISS}))
     assert "p99 2500ms vs target 1000ms" in rec.message
     assert "ceil(10 x 2.500) = 25" in rec.message
     assert "queue_depth is missing (NoData)" in rec.message
@@ -291,7 +291,7 @@ def test_slo_guard_message_says_the_numbers() -> None:
 
 
 def test_slo_guard_params_override_the_policy_slo() -> None:
-    guard = build(SloGuard, p99_latency_ms=500, queue_depth_per_replica=1)
+    guard = build(SloGuard, p99_latency_ms=500, queue_depth_per_replica=1, gpu_utilization_target_pct=80)
     rec = guard.recommend(ctx(slo=SLO, **{**QUIET, "p99_latency_ms": 800}))
     assert (rec.replicas, rec.reason) == (16, Reason.LATENCY_ABOVE_TARGET.value)
     rec = guard.recommend(ctx(slo=SLO, **{**QUIET, "queue_depth": 25}))
@@ -311,7 +311,7 @@ def test_slo_guard_uses_current_replicas_when_ready_is_unknown_or_zero() -> None
 
 def test_slo_guard_ignore_list_and_configuration_gaps() -> None:
     # latency not exported: ignoring it means its absence no longer flags missing data
-    rec = build(SloGuard, ignore=["latency"]).recommend(ctx(slo=SLO, **{**QUIET, "p99_latency_ms": MISS}))
+    rec = build(SloGuard, ignore=["latency"], gpu_utilization_target_pct=80).recommend(ctx(slo=SLO, **{**QUIET, "p99_latency_ms": MISS}))
     assert (rec.replicas, rec.missing_data) == (5, False)
     # only pressure signals, all well below: nothing sizes a scale-down, so hold
     rec = build(SloGuard, gpu_utilization_target_pct=None).recommend(
@@ -334,7 +334,7 @@ def test_slo_guard_properties(p99: Any, queue: Any, util: Any, tok: Any, req: An
                               ready: int | None) -> None:
     signals = {"p99_latency_ms": p99, "queue_depth": queue, "gpu_utilization_pct": util,
                "output_tokens_per_s": tok, "request_rate_per_s": req}
-    rec = build(SloGuard).recommend(ctx(current=current, ready=ready, slo=SLO, **signals))
+    rec = build(SloGuard, gpu_utilization_target_pct=80).recommend(ctx(current=current, ready=ready, slo=SLO, **signals))
     values = [v for v in signals.values() if v is not MISS]
     if not values:
         assert rec.replicas is None and rec.missing_data
@@ -444,3 +444,23 @@ def test_schedule_floor_agrees_with_a_minute_scan(now: datetime) -> None:
                 expected = max(expected or 0, w["min_replicas"])
     rec: Recommendation = build(Schedule, windows=windows).recommend(ctx(now=now))
     assert rec.replicas == expected
+
+
+def test_slo_guard_utilization_is_off_by_default() -> None:
+    """DCGM's GPU_UTIL reads ~100 % whenever a batching replica holds a request: not a sizing signal
+    unless the operator says so."""
+    rec = build(SloGuard).recommend(ctx(slo=SLO, **{**QUIET, "gpu_utilization_pct": 100}))
+    assert "gpu util" not in rec.message and rec.reason != Reason.UTILIZATION_ABOVE_TARGET.value
+
+
+@pytest.mark.parametrize("latency,rate,idle", [
+    (Sample(None, NOW, "NoRequests: no request completed"), Sample(0.0, NOW), True),
+    (Sample(None, NOW, "NoData"), Sample(0.0, NOW), True),            # a fresh zero rate says idle
+    (Sample(None, NOW, "HTTP 503"), Sample(3.0, NOW), False),         # traffic but no latency: missing
+])
+def test_slo_guard_idle_model_is_not_missing_latency(latency: Sample, rate: Sample, idle: bool) -> None:
+    guard = build(SloGuard, gpu_utilization_target_pct=80)
+    c = ctx(slo=SLO, **QUIET)
+    c = dataclasses.replace(c, signals=dataclasses.replace(c.signals, p99_latency_ms=latency, request_rate_per_s=rate))
+    rec = guard.recommend(c)
+    assert rec.missing_data is (not idle), rec.message
