@@ -114,6 +114,8 @@ class Daemon:
         self.backoff_until: datetime | None = None
         self._rng = random.Random(0)
         self._scheduler: Any = None
+        self._jobs: list[tuple[Callable[[], Any], float, str]] = []
+        """Provider jobs added before ``start()``, scheduled by it."""
         self._history_loaded = False
 
     # ------------------------------------------------------------------ policies
@@ -168,7 +170,8 @@ class Daemon:
                 if pool_name in prices and st.price_per_node_hour_usd is None:
                     st = replace(st, price_per_node_hour_usd=prices[pool_name])
                 states[pool_name] = st
-            out[name] = replace(sig, pools=states)
+            degraded = (getattr(self.metrics_source, "degraded", None) or {}).get(name)
+            out[name] = replace(sig, pools=states, degraded=degraded or sig.degraded)
         return out
 
     # ------------------------------------------------------------------ act
@@ -208,6 +211,10 @@ class Daemon:
             try:
                 actions.extend(provider.scale(model, want, nodes.get(pool_name, 0), now))
             except ProviderError as e:
+                # A scale that failed part-way may already have changed something (nodes ordered,
+                # then the replica patch failed): the calls it made ride on the error (see
+                # providers.cloudpool.actions_of) and go to the log before the failure row.
+                actions.extend(getattr(e, "actions", ()))
                 status = ActionStatus.FAILED_TRANSIENT if e.retryable else ActionStatus.FAILED_PERMANENT
                 actions.append(Action(provider=type(provider).__name__, call="scale", pool=pool_name,
                                       model=model.name, arguments={"replicas": want}, status=status,
@@ -486,11 +493,22 @@ class Daemon:
                       id="policy-reload", max_instances=1, coalesce=True)
         sched.start()
         self._scheduler = sched
+        for func, seconds, job_id in self._jobs:
+            self._schedule_job(func, seconds, job_id)
 
     def add_job(self, func: Callable[[], Any], seconds: float, job_id: str) -> None:
-        """Extra periodic work from providers (e.g. spot price refresh) on the same scheduler."""
-        if self._scheduler is not None:
-            self._scheduler.add_job(func, "interval", seconds=seconds, id=job_id, max_instances=1, coalesce=True)
+        """Extra periodic work from providers (e.g. spot price refresh) on the same scheduler: run
+        once at once, then every ``seconds`` (wall clock). Jobs added before ``start()`` are kept
+        and scheduled by it, so assembly code can add them while building the daemon."""
+        if self._scheduler is None:
+            self._jobs.append((func, seconds, job_id))
+            return
+        self._schedule_job(func, seconds, job_id)
+
+    def _schedule_job(self, func: Callable[[], Any], seconds: float, job_id: str) -> None:
+        # first run now: a cache (spot prices) should not wait a whole period to be filled
+        self._scheduler.add_job(func, "interval", seconds=seconds, id=job_id, max_instances=1, coalesce=True,
+                                next_run_time=datetime.now().astimezone())
 
     def _safe_tick(self) -> None:
         try:

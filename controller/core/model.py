@@ -189,6 +189,9 @@ class ModelSignals:
     kv_cache_utilization_pct: Sample = MISSING
     cost_per_million_tokens_usd: Sample = MISSING
     pools: Mapping[str, PoolState] = field(default_factory=dict)
+    degraded: str | None = None
+    """Why this observation is degraded (e.g. ``PrometheusUnavailable: ...`` while values come from
+    a fallback source); ``None`` when healthy. Degraded observations never release capacity."""
 
     @property
     def current_replicas(self) -> int | None:

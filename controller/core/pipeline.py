@@ -221,6 +221,12 @@ def decide(
     trace.append(Stage("tolerance", value, reason, step.message))
 
     # 4. missing-data guard: missing data never releases capacity (scale-up still passes).
+    # A degraded observation (the primary metrics source is down and values come from a fallback,
+    # e.g. Triton's statistics instead of Prometheus) counts as missing data for every rule: a
+    # fallback average is good enough to add capacity, never to release it.
+    if signals.degraded and spec.missing_data.on_missing is OnMissing.HOLD and not missing:
+        missing = [Recommendation(rule=f"degraded: {signals.degraded}", kind="observation", replicas=None,
+                                  reason=Reason.METRIC_MISSING.value, missing_data=True)]
     if missing and spec.missing_data.on_missing is OnMissing.HOLD:
         names = ", ".join(r.rule for r in missing)
         if value < current:
@@ -308,12 +314,12 @@ def decide(
                 # Cost per token is an efficiency ceiling, not a spending one: at low traffic it
                 # would otherwise starve the fleet below min_replicas (even to zero). It limits
                 # scale-out only; the hard max_cost_per_hour_usd still beats min_replicas.
-                floor = place(model=model, pools=pools, states=states, total=min(lo, value),
-                              placement=spec.placement, max_cost_per_hour_usd=cap_usd,
-                              drained=drained, pinned=fixed).cost_per_hour_usd
-                if token_cap < floor:
-                    budget_note += f", raised to ${floor:.2f}/h (the cost of min_replicas {lo})"
-                    token_cap = floor
+                floor_usd = place(model=model, pools=pools, states=states, total=min(lo, value),
+                                  placement=spec.placement, max_cost_per_hour_usd=cap_usd,
+                                  drained=drained, pinned=fixed).cost_per_hour_usd
+                if token_cap < floor_usd:
+                    budget_note += f", raised to ${floor_usd:.2f}/h (the cost of min_replicas {lo})"
+                    token_cap = floor_usd
                 cap_usd, cap_reason = token_cap, Reason.COST_PER_TOKEN_CAP_REACHED.value
     result = place(model=model, pools=pools, states=states, total=value, placement=spec.placement,
                    max_cost_per_hour_usd=cap_usd, drained=drained, pinned=fixed)

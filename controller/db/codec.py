@@ -220,6 +220,7 @@ def signals_to_json(signals: ModelSignals) -> dict[str, Any]:
     for name in _SIGNAL_SAMPLES:
         out[name] = sample_to_json(getattr(signals, name))
     out["pools"] = {name: pool_state_to_json(st) for name, st in signals.pools.items()}
+    out["degraded"] = signals.degraded
     return out
 
 
@@ -233,6 +234,7 @@ def signals_from_json(data: Mapping[str, Any]) -> ModelSignals:
         model=data["model"],
         at=decode_datetime(data["at"]),
         pools={name: pool_state_from_json(st) for name, st in (data.get("pools") or {}).items()},
+        degraded=data.get("degraded"),
         **samples,
     )
 

@@ -370,7 +370,13 @@ def test_load_at_triton_scales_up_then_down_only_after_the_stabilization_window(
     stabilized = [r for r in held if stage(r, "stabilize").get("reason") == Reason.SCALE_DOWN_STABILIZED.value]
     assert stabilized, "the window must have held a scale-down the rules wanted: " + "; ".join(story(r) for r in held)
     assert stage(stabilized[0], "stabilize")["replicas"] == high
-    assert down["replicas"] < high and down["reason"] == Reason.BELOW_TARGETS.value, story(down)
+    # the rules wanted fewer; the pipeline stepped down to the highest recommendation of the last
+    # window (HPA semantics: right after the stop the request rate over its 5 s range may still
+    # have asked for more than the minimum, so the first step can be partial)
+    assert stage(down, "recommend")["reason"] == Reason.BELOW_TARGETS.value, story(down)
+    assert down["reason"] in (Reason.BELOW_TARGETS.value, Reason.SCALE_DOWN_STABILIZED.value), story(down)
+    window = [r for r in lab.rows if at(r) > at(down) - timedelta(seconds=STABILIZATION_S)]
+    assert down["replicas"] == max(stage(r, "missing-data")["replicas"] for r in window) < high, story(down)
     assert signal(down, "queue_depth") == 0.0
     assert down["placement"][SPOT] <= max(down["replicas"] - 2, 0)  # spot is released before on-prem
     lab.clients.close()  # no request failed meanwhile
@@ -418,7 +424,9 @@ def test_prometheus_down_holds_scales_up_on_triton_and_recovers(lab: Lab) -> Non
         # load rises while Prometheus is down: scale-up on the Triton fallback signal
         lab.clients.set(16)
         fb_up = lab.tick_until(scaled_up, 20, "scale-up on Triton statistics while Prometheus is down")
-        assert fb_up["reason"] == Reason.QUEUE_ABOVE_TARGET.value, story(fb_up)
+        # the queue rule asked for it (the bounds may cut a Little's-law estimate above 16 waiting)
+        assert stage(fb_up, "recommend")["reason"] == Reason.QUEUE_ABOVE_TARGET.value, story(fb_up)
+        assert fb_up["reason"] in (Reason.QUEUE_ABOVE_TARGET.value, Reason.TOO_MANY_REPLICAS.value), story(fb_up)
         assert fb_up["replicas"] > high
         assert signal_reason(fb_up, "queue_depth").startswith("TritonStatistics"), story(fb_up)
         assert signal_reason(fb_up, "p99_latency_ms").startswith("AverageNotP99"), story(fb_up)

@@ -6,6 +6,8 @@ timestamps, and hypothesis properties over random fleets, policies and budgets.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -405,6 +407,21 @@ def test_cost_per_token_cap_never_starves_min_replicas() -> None:
     assert "min_replicas 3" in stage(d, "budget").message
 
 
+@pytest.mark.parametrize("on_missing,expected,reason", [
+    ("hold", 6, Reason.HOLD_ON_MISSING_DATA), ("ignore", 2, None)])
+def test_degraded_observation_never_releases_capacity(on_missing, expected, reason) -> None:
+    """Prometheus down, values from the Triton fallback: every rule has data, yet nothing is released."""
+    pol = policy(fixed(2), missing_data={"on_missing": on_missing})
+    sig = dataclasses.replace(signals({"onprem": 4, "spot-a": 2}), degraded="PrometheusUnavailable: refused")
+    d = run(pol, sig=sig)
+    assert d.replicas == expected
+    if reason is not None:
+        assert stage(d, "missing-data").reason == reason.value
+        assert "PrometheusUnavailable" in stage(d, "missing-data").message
+    # scale-up still passes on degraded data
+    assert run(policy(fixed(9), missing_data={"on_missing": on_missing}), sig=sig).replicas == 9
+
+
 def test_spot_interruption_replaced_in_the_same_decision() -> None:
     sig = signals({"onprem": 4, "spot-a": 2})
     pools = dict(sig.pools)
@@ -475,7 +492,8 @@ def test_prop_decide_bounds_budget_determinism(case, paused: bool) -> None:
         token_cap = spec.budget.max_cost_per_million_tokens_usd * rate * 3600 / 1e6
         if d.cost_per_hour_usd > token_cap + 1e-6:
             # the efficiency ceiling only gives way to hold min_replicas (or what was already there)
-            assert d.replicas <= max(spec.bounds.min_replicas, d.current_replicas), d.trace
+            floors = [r.replicas or 0 for r in d.recommendations if r.opinion is Opinion.FLOOR]
+            assert d.replicas <= max(spec.bounds.min_replicas, d.current_replicas, *floors), d.trace
     if d.replicas < spec.bounds.min_replicas:
         limited = {Reason.BUDGET_CAP_REACHED.value, Reason.COST_PER_TOKEN_CAP_REACHED.value}
         assert (stage(d, "budget").reason in limited
