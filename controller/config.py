@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.core.model import ModelSpec, PoolKind, PoolSpec, ReplicaCapacity
+from providers.real import RealSettings  # the real providers' settings schema (imports no client library)
 
 
 class _Strict(BaseModel):
@@ -155,7 +156,7 @@ class SimulatedProviders(_Strict):
 
 class RealProviders(_Strict):
     type: Literal["real"] = Field("real", description="Prometheus, Triton, Kubernetes, AWS and GCP.")
-    settings: dict[str, Any] = Field(default_factory=dict, description="Provider settings (Prometheus URL, Kubernetes, AWS, GCP); defined by the real adapters.")
+    settings: RealSettings = Field(default_factory=RealSettings, description="Provider settings: Prometheus, the Triton fallback, Kubernetes, AWS, GCP, cloud capacity and leader election (see providers.real).")
 
 
 class DaemonConfig(_Strict):
@@ -182,6 +183,11 @@ class DaemonConfig(_Strict):
                 raise ValueError(f"pool {p.name!r} is {p.kind.value} but has no aws section")
             if p.kind.cloud == "gcp" and p.gcp is None and isinstance(self.providers, RealProviders):
                 raise ValueError(f"pool {p.name!r} is {p.kind.value} but has no gcp section")
+        if isinstance(self.providers, RealProviders):  # settings that name pools or models
+            problems = self.providers.settings.cross_check(
+                {p.name: p.kind.value for p in self.pools}, {m.name: list(m.deployments) for m in self.models})
+            if problems:
+                raise ValueError("; ".join(problems))
         mnames = [m.name for m in self.models]
         mdup = {n for n in mnames if mnames.count(n) > 1}
         if mdup:

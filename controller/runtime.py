@@ -110,6 +110,9 @@ class Runtime:
             self.server.should_exit = True
             if self.thread is not None:
                 self.thread.join(timeout=10)
+        real = self.extras.get("real")
+        if real is not None:
+            real.close()  # hands leadership over at once instead of after the lease runs out
         if close_repo:
             self.daemon.repo.close()
 
@@ -138,10 +141,12 @@ def build_runtime(cfg: DaemonConfig, *, clock: Clock | None = None, dry_run: boo
         from providers.clock import SystemClock
 
         clock = clock or SystemClock()
-        real = build_real_providers(cfg, clock)
+        real = build_real_providers(cfg, clock, dry_run=dry_run)
         daemon = Daemon(cfg, clock=clock, metrics_source=real.metrics, pool_providers=real.pools,
                         price_source=real.prices, repo=repo, registry=registry, dry_run=dry_run,
                         metrics=metrics, is_leader=real.is_leader)
+        for func, seconds, job_id in real.jobs:  # e.g. the spot price refresh; run from daemon.start()
+            daemon.add_job(func, seconds, job_id)
         extras["real"] = real
     auth = TokenAuth.from_config(cfg.api, environ)
     return Runtime(daemon=daemon, auth=auth, extras=extras)

@@ -18,6 +18,8 @@ CHECKED = [
     "controller/demo.py", "controller/analysis.py", "controller/policyfile.py", "controller/metrics.py",
     "controller/logs.py", "controller/docs.py", "controller/protocols.py", "controller/bundle.py",
     "providers/sim", "providers/clock.py",
+    "providers/cloudpool.py", "providers/kubernetes.py", "providers/aws.py", "providers/gcp.py",
+    "providers/leader.py", "providers/real.py",
 ]
 
 
