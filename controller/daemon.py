@@ -171,8 +171,22 @@ class Daemon:
                     st = replace(st, price_per_node_hour_usd=prices[pool_name])
                 states[pool_name] = st
             degraded = (getattr(self.metrics_source, "degraded", None) or {}).get(name)
-            out[name] = replace(sig, pools=states, degraded=degraded or sig.degraded)
+            sig = replace(sig, pools=states, degraded=degraded or sig.degraded)
+            if sig.cost_per_million_tokens_usd.value is None:
+                # Prometheus knows tokens, providers know nodes and prices: cost per token needs both.
+                sig = self._with_cost(sig, model, now)
+            out[name] = sig
         return out
+
+    def _with_cost(self, sig: ModelSignals, model: ModelSpec, now: datetime) -> ModelSignals:
+        from providers.cost import OnPremCost, with_cost
+
+        oc = self.config.onprem_cost
+        onprem = OnPremCost(oc.capital_usd_per_gpu_hour, oc.energy_usd_per_kwh, oc.pue,
+                            oc.assumed_gpu_power_kw) if oc is not None else None
+        power_fn = getattr(self.metrics_source, "power_kw", None)
+        power = power_fn(model.name) if callable(power_fn) else None
+        return with_cost(sig, model, self.pools, now, onprem=onprem, power_kw=power)
 
     # ------------------------------------------------------------------ act
     def _pool_nodes(self, placements: Mapping[str, Mapping[str, int]]) -> dict[str, int]:

@@ -355,6 +355,11 @@ class PrometheusMetricsSource:
             return {}
         return {k: v[signal] for k, v in self.last.pools.items() if signal in v}
 
+    def power_kw(self, model: str) -> dict[str, Sample]:
+        """Pool -> GPU power (kW) of one model's serving GPUs at the last tick, for on-prem energy
+        cost (``providers.cost``); empty before the first tick."""
+        return self.last.by_pool(model, "gpu_power_kw") if self.last is not None else {}
+
     # ---- one answer
 
     def _key(self, s: _Series) -> tuple[str, str] | None:

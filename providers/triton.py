@@ -289,6 +289,11 @@ class CombinedMetricsSource:
     def degraded(self) -> dict[str, str]:
         return dict(self._degraded)
 
+    def power_kw(self, model: str) -> Mapping[str, Sample]:
+        """GPU power by pool from the primary source (Triton has no energy reading)."""
+        fn = getattr(self.primary, "power_kw", None)
+        return fn(model) if callable(fn) else {}
+
     def observe(self, models: Sequence[ModelSpec], now: datetime) -> Mapping[str, ModelSignals]:
         prim = self.primary.observe(models, now)
         try:

@@ -179,3 +179,42 @@ def test_one_models_failure_spares_the_others(make_harness, tmp_path: Path) -> N
     assert {r["outcome"] for r in bad} <= {"failed", "partial"} and bad
     # the healthy model really scaled while the other one failed
     assert max(r["replicas"] for r in good) > good[-1]["current_replicas"]
+
+
+class _NoCostSource:
+    """The simulated metrics without their cost signal, as a Prometheus source delivers them."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def observe(self, models, now):
+        import dataclasses
+
+        from controller.core.model import Sample
+        return {m: dataclasses.replace(s, cost_per_million_tokens_usd=Sample.missing("NotExported", now))
+                for m, s in self.inner.observe(models, now).items()}
+
+
+def test_daemon_computes_cost_per_token_from_nodes_prices_and_tokens(make_harness, tmp_path: Path) -> None:
+    onprem_cost = {"capital_usd_per_gpu_hour": 1.5, "energy_usd_per_kwh": 0.2, "pue": 1.25,
+                   "assumed_gpu_power_kw": 0.7}
+    h = make_harness(tmp_path, config_updates={"onprem_cost": onprem_cost})
+    h.daemon.metrics_source = _NoCostSource(h.sim.metrics)
+    h.run(600)
+    row = h.repo.get_decision(h.repo.list_decisions(limit=1)[0]["id"])
+    sig = row["signals"]
+    tokens = sig["output_tokens_per_s"]["value"]
+    cost = 0.0
+    for name, st in sig["pools"].items():
+        pool = h.daemon.pools[name]
+        if pool.kind.is_onprem:
+            gpus = st["nodes"] * pool.gpus_per_node
+            cost += gpus * 1.5 + gpus * 0.7 * 1.25 * 0.2  # capital + assumed energy
+        else:
+            price = st["price_per_node_hour_usd"] or pool.price_per_node_hour_usd
+            cost += st["nodes"] * price
+    assert sig["cost_per_million_tokens_usd"]["value"] == pytest.approx(cost / (tokens * 3600) * 1e6)
+    assert "AssumedPower" in (sig["cost_per_million_tokens_usd"]["reason"] or "")
+    text = h.daemon.metrics.render().decode()
+    assert 'tidegate_cost_per_million_tokens_usd{model="llama3-70b-fp8"}' in text
+    assert h.daemon.status()["models"]["llama3-70b-fp8"]["signals"]["cost_per_million_tokens_usd"]["value"] is not None
