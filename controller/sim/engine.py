@@ -1166,13 +1166,20 @@ class Simulation:
 
     # ------------------------------------------------------------------ run
     def _initial_need(self) -> int:
+        # The run starts from a fleet sized for the busiest minute of its first ten minutes (about
+        # the provisioning plus cold-start lead of a cloud replica): the fleet a well-run service
+        # would have had in place when the trace begins. Every controller starts from it, so no
+        # one is scored on the accident of where the trace starts (a spike three minutes in that
+        # no controller could have ordered capacity for).
         w = self.setup.workload
-        horizon = min(300.0, max(self.end_s, 1.0))
+        horizon = min(600.0, max(self.end_s, 1.0))
         if isinstance(w, RequestTrace):
-            n = int(np.searchsorted(w.arrival_s, horizon))
-            rate = n / horizon
+            head = w.arrival_s[: int(np.searchsorted(w.arrival_s, horizon))]
+            per_min = np.bincount((head // 60.0).astype(np.int64)) if len(head) else np.zeros(1)
+            rate = float(per_min.max()) / min(60.0, horizon)
         else:
-            rate = float(w.head(horizon).rate_per_s.mean())
+            rates = w.head(horizon).rate_per_s
+            rate = float(rates.max()) if len(rates) else 0.0
         ref = self._reference_gpu()
         per = self.setup.rate_at_slo(ref)
         if rate <= 0:

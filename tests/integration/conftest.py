@@ -18,8 +18,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from typing import TYPE_CHECKING
+
 from controller.db.migrate import upgrade
 from controller.db.repo import Repository
+
+if TYPE_CHECKING:
+    from tests.integration.gcp_server import GcpComputeServer
+    from tests.integration.peers import AwsPeer, KubePeer
 
 # --- databases ---------------------------------------------------------------------------------
 
@@ -202,3 +208,39 @@ def metrics_lab() -> Iterator[MetricsLab]:
     finally:
         for exp in started:
             exp.stop()
+
+
+# --- protocol peers for the actuation adapters (one per test module) ---------------------------
+
+
+@pytest.fixture(scope="module")
+def kube() -> Iterator["KubePeer"]:
+    """The Kubernetes API emulator (kmock) with our PUT handler and controllers."""
+    from tests.integration.peers import KubePeer
+
+    peer = KubePeer().start()
+    yield peer
+    peer.stop()
+
+
+@pytest.fixture(scope="module")
+def aws() -> Iterator["AwsPeer"]:
+    """moto in server mode on 127.0.0.1 behind a fault-injecting proxy, with dummy credentials."""
+    from tests.integration.peers import AwsPeer, aws_env
+
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in aws_env().items():
+            mp.setenv(k, v)
+        peer = AwsPeer().start()
+        yield peer
+        peer.stop()
+
+
+@pytest.fixture(scope="module")
+def gcp() -> Iterator["GcpComputeServer"]:
+    """The local server speaking the compute REST paths google-cloud-compute uses."""
+    from tests.integration.gcp_server import GcpComputeServer
+
+    srv = GcpComputeServer().start()
+    yield srv
+    srv.stop()

@@ -87,23 +87,6 @@ def test_provider_ids_map_to_instance_ids() -> None:
 # --- peers -------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def aws() -> Iterator[AwsPeer]:
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in aws_env().items():
-            mp.setenv(k, v)
-        peer = AwsPeer().start()
-        yield peer
-        peer.stop()
-
-
-@pytest.fixture(scope="module")
-def kube() -> Iterator[KubePeer]:
-    peer = KubePeer().start()
-    yield peer
-    peer.stop()
-
-
 class AwsWorld:
     """One spot pool: an Auto Scaling group, its nodes in the cluster and a model's Deployment."""
 

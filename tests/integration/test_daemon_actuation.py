@@ -89,30 +89,6 @@ POLICY = textwrap.dedent("""\
 # --- peers (module scope) ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def kube() -> Iterator[KubePeer]:
-    peer = KubePeer().start()
-    yield peer
-    peer.stop()
-
-
-@pytest.fixture(scope="module")
-def aws() -> Iterator[AwsPeer]:
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in aws_env().items():
-            mp.setenv(k, v)
-        peer = AwsPeer().start()
-        yield peer
-        peer.stop()
-
-
-@pytest.fixture(scope="module")
-def gcp() -> Iterator[GcpComputeServer]:
-    srv = GcpComputeServer().start()
-    yield srv
-    srv.stop()
-
-
 # --- the scripted load and the world -----------------------------------------------------------
 
 

@@ -30,20 +30,6 @@ ZONE = "us-central1-a"
 
 
 @pytest.fixture(scope="module")
-def gcp() -> Iterator[GcpComputeServer]:
-    srv = GcpComputeServer().start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def kube() -> Iterator[KubePeer]:
-    peer = KubePeer().start()
-    yield peer
-    peer.stop()
-
-
-@pytest.fixture(scope="module")
 def clients(gcp: GcpComputeServer) -> dict[str, object]:
     s = GcpSettings(api_endpoint=gcp.url, retry=FAST_RETRY)
     return {"zonal": make_mig_client(regional=False, settings=s, credentials=AnonymousCredentials()),

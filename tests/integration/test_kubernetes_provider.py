@@ -33,13 +33,6 @@ def model_spec(name: str, pools: tuple[str, ...], tp: int = 2) -> ModelSpec:
                      capacity={"A100-80GB": ReplicaCapacity(1500.0, 3.0)}, pools=pools)
 
 
-@pytest.fixture(scope="module")
-def kube() -> Iterator[KubePeer]:
-    peer = KubePeer().start()
-    yield peer
-    peer.stop()
-
-
 class World:
     """One test's slice of the shared emulator: its namespace, its pool label, its objects."""
 

@@ -160,13 +160,6 @@ def test_random_kills_and_releases_never_leave_two_leaders(pg_dsn: str, admin: p
 # --- Kubernetes Lease --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def kube() -> Iterator[KubePeer]:
-    peer = KubePeer().start()
-    yield peer
-    peer.stop()
-
-
 def test_lease_one_holder_renews_and_a_follower_takes_over_after_the_lease_expires(kube: KubePeer) -> None:
     clock = ManualClock(T0)
     ns = f"l-{uuid.uuid4().hex[:6]}"

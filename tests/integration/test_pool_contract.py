@@ -52,30 +52,6 @@ SPREAD = Placement.model_validate({"spot_spread_min_pools": 2})
 
 
 @pytest.fixture(scope="module")
-def kube() -> Iterator[KubePeer]:
-    peer = KubePeer().start()
-    yield peer
-    peer.stop()
-
-
-@pytest.fixture(scope="module")
-def aws() -> Iterator[AwsPeer]:
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in aws_env().items():
-            mp.setenv(k, v)
-        peer = AwsPeer().start()
-        yield peer
-        peer.stop()
-
-
-@pytest.fixture(scope="module")
-def gcp() -> Iterator[GcpComputeServer]:
-    srv = GcpComputeServer().start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
 def gcp_clients(gcp: GcpComputeServer) -> dict[str, object]:
     s = GcpSettings(api_endpoint=gcp.url, retry=FAST_RETRY)
     return {"zonal": make_mig_client(regional=False, settings=s, credentials=AnonymousCredentials()),

@@ -1,0 +1,240 @@
+"""``forecast``: order capacity one lead time ahead of the load, not after it arrives.
+
+Why: a new cloud replica serves only after node provisioning plus cold start (3-8 minutes on the
+example fleet). A reactive rule (slo-guard, HPA, KEDA) orders it when the load is already there,
+so every ramp and every repeated spike is served short-handed for that long. This kind keeps a
+short history of the observed request and output-token rates in its explicit state and sizes the
+fleet for the load expected ``lead_time_s`` from now:
+
+* **trend**: the least-squares slope of the rate over the last ``trend_window_s``, extrapolated
+  ``lead_time_s`` ahead from the latest rate (rising trends only: capacity can be released at once,
+  so a falling trend is never anticipated);
+* **burst allowance**: the highest rate seen over the last ``burst_window_s``; a load that spiked
+  within that window is likely to spike again (bursty LLM traffic comes in trains), and a replica
+  released between two spikes would not be back in time for the next one. With ``burst_hold_s`` a
+  past peak counts in full for that long and then fades linearly to nothing at the window's end
+  (a spike ten minutes old is a better omen than one fifty minutes old);
+
+forecast = max(trend, burst) x ``headroom``; replicas = ceil(forecast / (per-replica capacity at the
+SLO x ``capacity_fraction``)) for requests and for output tokens, the larger of the two. ``headroom``
+covers what a one-minute rate cannot show: arrivals within the minute are not even (sub-minute
+bursts), and a queue that builds inside a minute misses the TTFT target.
+
+State (``Recommendation.state``): ``{"samples": ((t_s, requests_per_s, output_tokens_per_s), ...)}``
+with ``t_s`` the sample's own timestamp (epoch seconds, from the observation, never a tick count),
+one entry per new observation, pruned to ``history_s``. It is plain JSON, so it survives a restart
+when the history is persisted; a gap longer than ``history_s`` simply starts afresh.
+
+Missing or stale rates: no opinion, flagged ``missing_data`` (the pipeline then holds), and the
+history is kept as it was. Without a capacity profile there is nothing to size with: no opinion.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from pydantic import Field
+
+from controller.core.model import Recommendation
+from controller.core.reasons import Reason
+from policies.base import PolicyContext, PolicyKind, StrictParams
+from policies.target_utilization import ceil_replicas
+
+Sample3 = tuple[float, float | None, float | None]
+"""(t_s, requests_per_s, output_tokens_per_s); a rate is ``None`` when it was missing."""
+
+
+def trend_slope(points: Sequence[tuple[float, float]]) -> float:
+    """Least-squares slope (units per second) of ``(t_s, value)`` points; 0 for fewer than two
+    distinct times."""
+    n = len(points)
+    if n < 2:
+        return 0.0
+    mt = sum(t for t, _ in points) / n
+    mv = sum(v for _, v in points) / n
+    den = sum((t - mt) ** 2 for t, _ in points)
+    if den <= 0:
+        return 0.0
+    return sum((t - mt) * (v - mv) for t, v in points) / den
+
+
+def forecast_rate(points: Sequence[tuple[float, float]], now_s: float, lead_s: float, trend_window_s: float,
+                  burst_window_s: float, burst_hold_s: float | None = None) -> tuple[float, float, float]:
+    """(forecast, trend part, burst part) of a rate ``lead_s`` after ``now_s`` from ``points``
+    (sorted by time, the last one the latest observation)."""
+    if not points:
+        return 0.0, 0.0, 0.0
+    latest = points[-1][1]
+    # one pass (this runs every tick): least squares on times relative to now (no cancellation
+    # on epoch seconds squared) over the trend window, max over the burst window
+    n = 0
+    st = sv = stt = stv = 0.0
+    first_t = math.inf
+    burst = latest
+    t_trend, t_burst = now_s - trend_window_s, now_s - burst_window_s
+    hold = burst_window_s if burst_hold_s is None else min(burst_hold_s, burst_window_s)
+    fade = burst_window_s - hold
+    for t, v in points:
+        if t >= t_burst:
+            age = now_s - t
+            w = v if age <= hold or fade <= 0 else v * (1.0 - (age - hold) / fade)
+            if w > burst:
+                burst = w
+        if t >= t_trend:
+            x = t - now_s
+            n += 1
+            st += x
+            sv += v
+            stt += x * x
+            stv += x * v
+            first_t = min(first_t, t)
+    slope = 0.0
+    if n >= 2 and points[-1][0] - first_t >= 30.0:
+        den = n * stt - st * st
+        if den > 0:
+            slope = (n * stv - st * sv) / den
+    trend = max(0.0, latest + max(0.0, slope) * lead_s)
+    return max(trend, burst), trend, burst
+
+
+def _load_samples(state: Any) -> list[Sample3]:
+    """The history from ``ctx.state`` (tolerant of a JSON round trip: lists for tuples)."""
+    raw = state.get("samples", ()) if hasattr(state, "get") else ()
+    if isinstance(raw, tuple):
+        return list(raw)  # as this kind wrote it (tuples: not round-tripped through JSON)
+    out: list[Sample3] = []
+    for item in raw or ():
+        try:
+            t, r, o = item
+            out.append((float(t), None if r is None else float(r), None if o is None else float(o)))
+        except (TypeError, ValueError):
+            continue  # a malformed entry is dropped, never fatal
+    out.sort(key=lambda x: x[0])
+    return out
+
+
+class Forecast(PolicyKind):
+    """Replicas for the load one lead time ahead: rising trend and recent bursts, times headroom."""
+
+    name = "forecast"
+    description = ("Forecast the request and token rates one lead time (provisioning + cold start) "
+                   "ahead from a short history (rising trend, recent peak, headroom) and size "
+                   "replicas from the per-replica capacity.")
+
+    class Params(StrictParams):
+        lead_time_s: float = Field(
+            480, ge=0,
+            description="How far ahead to size the fleet, seconds: node provisioning plus cold "
+                        "start of the slowest pool the policy bursts to (e.g. 300 + 180).",
+        )
+        trend_window_s: float = Field(
+            600, gt=0,
+            description="Window of the least-squares trend, seconds; only a rising trend is "
+                        "extrapolated.",
+        )
+        burst_hold_s: float | None = Field(
+            None, ge=0,
+            description="Hold a past peak in full for this long, seconds, then fade it linearly "
+                        "to nothing at burst_window_s (null: hold it for the whole window).",
+        )
+        burst_window_s: float = Field(
+            900, ge=0,
+            description="Keep capacity for the highest rate seen within this window, seconds "
+                        "(recurring spikes; also a scale-down delay sized to the lead time).",
+        )
+        history_s: float = Field(
+            1800, gt=0,
+            description="How much history the state keeps, seconds (the larger window if that is "
+                        "longer).",
+        )
+        headroom: float = Field(
+            1.0, ge=1,
+            description="Multiplier on the forecast rate for what a one-minute rate hides "
+                        "(sub-minute bursts, queueing within the TTFT target).",
+        )
+        capacity_fraction: float = Field(
+            0.8, gt=0, le=1,
+            description="Plan replicas at this fraction of their throughput at the SLO (the "
+                        "model's capacity profile).",
+        )
+        signals: tuple[str, ...] = Field(
+            ("requests", "output_tokens"),
+            description="Rates to forecast: requests (request_rate_per_s vs capacity "
+                        "requests_per_s) and/or output_tokens (output_tokens_per_s vs capacity "
+                        "output_tokens_per_s); the larger need wins.",
+        )
+
+    params: Params
+
+    def recommend(self, ctx: PolicyContext) -> Recommendation:
+        p = self.params
+        cap = ctx.capacity
+        now_s = ctx.now.timestamp()
+        keep_s = max(p.history_s, p.burst_window_s, p.trend_window_s)  # never prune what a window needs
+        loaded = _load_samples(ctx.state)
+        lo = now_s - keep_s
+        samples = loaded if loaded and loaded[0][0] >= lo and loaded[-1][0] <= now_s else [
+            s for s in loaded if lo <= s[0] <= now_s]
+        if cap is None:
+            return Recommendation(rule=self.rule, kind=self.name, replicas=None, reason=Reason.METRIC_MISSING.value,
+                                  message="no capacity profile for the model: nothing to size with",
+                                  missing_data=True, state={"samples": tuple(samples)})
+        wanted = [s for s in ("requests", "output_tokens") if s in p.signals]
+        signal_of = {"requests": "request_rate_per_s", "output_tokens": "output_tokens_per_s"}
+        per_replica = {"requests": cap.requests_per_s, "output_tokens": cap.output_tokens_per_s}
+        values: dict[str, float | None] = {}
+        missing: list[tuple[str, str]] = []
+        stamp: float | None = None
+        for sub in wanted:
+            v = ctx.fresh(signal_of[sub])
+            values[sub] = v
+            if v is None:
+                missing.append(ctx.missing_reason(signal_of[sub]))
+            else:
+                at = getattr(ctx.signals, signal_of[sub]).at
+                stamp = max(stamp or -math.inf, at.timestamp())
+        if stamp is not None and (not samples or stamp > samples[-1][0]):
+            samples.append((stamp, values.get("requests"), values.get("output_tokens")))
+        state = {"samples": tuple(samples)}
+        if not wanted or all(values[s] is None for s in wanted):
+            why = "; ".join(m for _, m in missing) or "no signal selected"
+            return Recommendation(rule=self.rule, kind=self.name, replicas=None,
+                                  reason=missing[0][0] if missing else Reason.METRIC_MISSING.value,
+                                  message=f"no rate to forecast: {why}", missing_data=True, state=state)
+        best: tuple[int, str] | None = None
+        parts: list[str] = []
+        for sub in wanted:
+            if values[sub] is None or per_replica[sub] <= 0:
+                continue
+            col = 1 if sub == "requests" else 2
+            pts = [(s[0], v) for s in samples if (v := s[col]) is not None]
+            f, trend, burst = forecast_rate(pts, now_s, p.lead_time_s, p.trend_window_s, p.burst_window_s,
+                                            p.burst_hold_s)
+            need = f * p.headroom
+            planned = per_replica[sub] * p.capacity_fraction
+            n = ceil_replicas(need / planned)
+            if need > 0:
+                n = max(n, 1)
+            parts.append(f"{sub}: now {values[sub]:.4g}, trend {trend:.4g}, peak {burst:.4g} in "
+                         f"{p.burst_window_s:g}s -> {f:.4g} x {p.headroom:g} / ({per_replica[sub]:g} x "
+                         f"{p.capacity_fraction:g}) = {n}")
+            if best is None or n > best[0]:
+                best = (n, sub)
+        if missing:
+            parts.append("no opinion: " + "; ".join(m for _, m in missing))
+        if best is None:
+            return Recommendation(rule=self.rule, kind=self.name, replicas=None, reason=Reason.METRIC_MISSING.value,
+                                  message="; ".join(parts) or "no usable capacity", missing_data=True, state=state)
+        replicas, sub = best
+        current = ctx.current_replicas
+        if replicas > current:
+            reason = Reason.THROUGHPUT_ABOVE_CAPACITY
+        elif replicas == current:
+            reason = Reason.WITHIN_TARGETS
+        else:
+            reason = Reason.BELOW_TARGETS
+        return Recommendation(rule=self.rule, kind=self.name, replicas=replicas, reason=reason.value,
+                              message=f"forecast {p.lead_time_s:g}s ahead, {sub} decides {replicas} "
+                                      f"(current {current}): " + "; ".join(parts),
+                              missing_data=bool(missing), state=state)

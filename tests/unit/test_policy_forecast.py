@@ -1,0 +1,179 @@
+"""The ``forecast`` policy kind: sizing from trend and recent peaks, explicit state threaded from
+tick to tick by timestamp, missing data, and properties (monotone in load, never below the latest
+need, deterministic)."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from controller.core.model import ModelSignals, ModelSpec, Recommendation, ReplicaCapacity, Sample
+from controller.core.reasons import Reason
+from policies.base import PolicyContext, Registry
+from policies.forecast import Forecast, forecast_rate, trend_slope
+
+UTC = timezone.utc
+T0 = datetime(2024, 9, 9, 12, 0, tzinfo=UTC)
+CAP = ReplicaCapacity(output_tokens_per_s=100.0, requests_per_s=2.0)
+MODEL = ModelSpec(name="m", tp_degree=2, quantization="fp8", gpu_types=("H100",), cold_start_s=180,
+                  capacity={"H100": CAP}, pools=("onprem",))
+
+
+def build(**params: Any) -> Forecast:
+    kind = Registry.from_entry_points().build("forecast", params)
+    assert isinstance(kind, Forecast)
+    return kind
+
+
+def ctx(now: datetime, req: float | None, tok: float | None = 0.0, state: Any = None, current: int = 4,
+        capacity: ReplicaCapacity | None = CAP, age_s: float = 5.0) -> PolicyContext:
+    def s(v: float | None) -> Sample:
+        return Sample.missing("NoData", now) if v is None else Sample(v, now - timedelta(seconds=age_s))
+    sig = ModelSignals(model="m", at=now, request_rate_per_s=s(req), output_tokens_per_s=s(tok))
+    return PolicyContext(model=MODEL, signals=sig, now=now, current_replicas=current, ready_replicas=current,
+                         capacity=capacity, max_signal_age_s=60, state=state or {})
+
+
+def run(kind: Forecast, rates: list[float], step_s: float = 15.0, tok: list[float] | None = None,
+        current: int = 4) -> Recommendation:
+    """Feed ``rates`` one per ``step_s`` through the state, as the pipeline does; the last result."""
+    state: Any = {}
+    rec: Recommendation | None = None
+    for i, r in enumerate(rates):
+        rec = kind.recommend(ctx(T0 + timedelta(seconds=i * step_s), r, tok[i] if tok else 0.0, state, current))
+        state = rec.state
+    assert rec is not None
+    return rec
+
+
+@pytest.mark.parametrize("rates, params, expected, reason", [
+    # flat 4 req/s, capacity 2 x 0.8 = 1.6 per replica: ceil(4 / 1.6) = 3
+    ([4.0] * 20, {}, 3, Reason.BELOW_TARGETS),
+    # headroom 1.5: ceil(6 / 1.6) = 4 = current
+    ([4.0] * 20, {"headroom": 1.5}, 4, Reason.WITHIN_TARGETS),
+    # a spike 2 minutes ago is still within the burst window: sized for it
+    ([4.0] * 10 + [16.0] + [4.0] * 8, {}, 10, Reason.THROUGHPUT_ABOVE_CAPACITY),
+    # ... but not once it left a 60 s window
+    ([4.0] * 10 + [16.0] + [4.0] * 8, {"burst_window_s": 60}, 3, Reason.BELOW_TARGETS),
+    # a ramp of 0.1 req/s per 15 s over 5 minutes: slope 1/150 per s, 480 s ahead -> 3.9 + 3.2
+    ([2.0 + 0.1 * i for i in range(20)], {"burst_window_s": 0}, math.ceil((3.9 + 480 / 150) / 1.6),
+     Reason.THROUGHPUT_ABOVE_CAPACITY),
+    # a falling ramp is not extrapolated down: the latest rate (burst window 0) sizes it
+    ([6.0 - 0.2 * i for i in range(20)], {"burst_window_s": 0}, math.ceil(2.2 / 1.6), Reason.BELOW_TARGETS),
+    # idle: zero rate -> 0 replicas (the bounds stage applies min_replicas)
+    ([0.0] * 5, {}, 0, Reason.BELOW_TARGETS),
+])
+def test_sizing(rates: list[float], params: dict[str, Any], expected: int, reason: Reason) -> None:
+    rec = run(build(**params), rates)
+    assert rec.replicas == expected, rec.message
+    assert rec.reason == reason.value
+    assert not rec.missing_data
+
+
+def test_output_tokens_can_decide() -> None:
+    # 1 req/s needs 1 replica; 400 tok/s needs ceil(400 / 80) = 5
+    rec = run(build(), [1.0] * 4, tok=[400.0] * 4)
+    assert rec.replicas == 5 and "output_tokens decides" in rec.message
+    only_req = run(build(signals=("requests",)), [1.0] * 4, tok=[400.0] * 4)
+    assert only_req.replicas == 1
+
+
+def test_state_is_keyed_by_observation_time_not_ticks() -> None:
+    kind = build()
+    a = kind.recommend(ctx(T0, 4.0))
+    # the same observation seen again (no new scrape): not a second sample
+    b = kind.recommend(ctx(T0 + timedelta(seconds=5), 4.0, age_s=10.0, state=a.state))
+    assert len(b.state["samples"]) == 1
+    c = kind.recommend(ctx(T0 + timedelta(seconds=15), 5.0, state=b.state))
+    assert len(c.state["samples"]) == 2
+    # the state survives a JSON round trip (a persisted history after a restart)
+    d = kind.recommend(ctx(T0 + timedelta(seconds=30), 5.0, state=json.loads(json.dumps(c.state))))
+    assert len(d.state["samples"]) == 3
+
+
+def test_history_is_pruned_and_a_long_gap_starts_afresh() -> None:
+    kind = build(history_s=300, burst_window_s=300, trend_window_s=300)
+    rec = run(kind, [20.0] + [1.0] * 30)  # 30 x 15 s = 450 s later the spike is gone
+    assert rec.replicas == 1
+    assert all(T0.timestamp() + 450 - 300 <= s[0] for s in rec.state["samples"])
+    later = kind.recommend(ctx(T0 + timedelta(hours=3), 1.0, state=run(kind, [20.0] * 3).state))
+    assert later.replicas == 1 and len(later.state["samples"]) == 1
+
+
+@pytest.mark.parametrize("req, capacity, reason", [
+    (None, CAP, Reason.METRIC_MISSING),
+    (4.0, None, Reason.METRIC_MISSING),
+])
+def test_missing_is_no_opinion_and_keeps_history(req: float | None, capacity: ReplicaCapacity | None,
+                                                 reason: Reason) -> None:
+    kind = build(signals=("requests",))
+    prior = run(kind, [4.0, 8.0])
+    rec = kind.recommend(ctx(T0 + timedelta(seconds=30), req, state=prior.state, capacity=capacity))
+    assert rec.replicas is None and rec.missing_data and rec.reason == reason.value
+    assert rec.state["samples"] == prior.state["samples"]
+
+
+def test_stale_rate_is_missing() -> None:
+    rec = build(signals=("requests",)).recommend(ctx(T0, 4.0, age_s=600))
+    assert rec.replicas is None and rec.missing_data and rec.reason == Reason.METRIC_STALE.value
+
+
+def test_params_are_validated() -> None:
+    with pytest.raises(ValidationError):
+        build(headroom=0.5)
+    with pytest.raises(ValidationError):
+        build(lead_s=10)  # unknown key
+    for name, field in Forecast.Params.model_fields.items():
+        assert field.description, name
+
+
+def test_a_past_peak_is_held_then_fades() -> None:
+    pts = [(0.0, 10.0), (900.0, 1.0)]
+    # held in full within burst_hold_s, then linearly faded: at 900 s of a 600 s hold and a 1200 s
+    # window it weighs (1 - 300 / 600) = 0.5
+    assert forecast_rate(pts, 500.0, 0.0, 60.0, 1200.0, 600.0)[2] == pytest.approx(10.0)
+    assert forecast_rate(pts, 900.0, 0.0, 60.0, 1200.0, 600.0)[2] == pytest.approx(5.0)
+    assert forecast_rate(pts, 900.0, 0.0, 60.0, 1200.0, None)[2] == pytest.approx(10.0)
+    assert forecast_rate(pts, 1300.0, 0.0, 60.0, 1200.0, 600.0)[2] == pytest.approx(1.0)
+    faded = run(build(burst_window_s=1200, burst_hold_s=600, trend_window_s=60), [16.0] + [1.0] * 60)
+    held = run(build(burst_window_s=1200, trend_window_s=60), [16.0] + [1.0] * 60)
+    assert faded.replicas is not None and held.replicas is not None
+    assert faded.replicas < held.replicas == 10  # 900 s after the spike
+
+
+def test_trend_slope_and_forecast_rate() -> None:
+    assert trend_slope([]) == 0.0 and trend_slope([(0.0, 1.0)]) == 0.0
+    assert trend_slope([(0.0, 1.0), (10.0, 3.0), (20.0, 5.0)]) == pytest.approx(0.2)
+    f, trend, burst = forecast_rate([(0.0, 1.0), (60.0, 2.0)], 60.0, 60.0, 600.0, 0.0)
+    assert trend == pytest.approx(3.0) and burst == 2.0 and f == pytest.approx(3.0)
+
+
+rates_st = st.lists(st.floats(min_value=0, max_value=1e4, allow_nan=False), min_size=1, max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rates=rates_st, factor=st.floats(min_value=1.0, max_value=10.0))
+def test_more_load_never_fewer_replicas(rates: list[float], factor: float) -> None:
+    kind = build(signals=("requests",))
+    lo = run(kind, rates)
+    hi = run(kind, [r * factor for r in rates])
+    assert lo.replicas is not None and hi.replicas is not None
+    assert hi.replicas >= lo.replicas
+
+
+@settings(max_examples=60, deadline=None)
+@given(rates=rates_st, headroom=st.floats(min_value=1.0, max_value=3.0))
+def test_never_below_what_the_latest_rate_needs(rates: list[float], headroom: float) -> None:
+    kind = build(signals=("requests",), headroom=headroom)
+    rec = run(kind, rates)
+    assert rec.replicas is not None
+    assert rec.replicas >= math.ceil(rates[-1] * headroom / (CAP.requests_per_s * 0.8) - 1e-9)
+    assert rec.replicas == run(kind, rates).replicas  # pure: same inputs, same answer
+    assert len(rec.state["samples"]) <= len(rates)
