@@ -53,6 +53,9 @@ from controller.core.reasons import Reason
 from controller.core.spec import OnMissing, PolicySpec
 from policies.base import PolicyContext, SLOTargets
 
+_SAMPLE_NAMES = ("queue_depth", "p99_latency_ms", "gpu_utilization_pct", "request_rate_per_s",
+                 "output_tokens_per_s", "input_tokens_per_s", "kv_cache_utilization_pct")
+
 STAGES = ("recommend", "combine", "tolerance", "missing-data", "stabilize", "rate-limit", "bounds",
           "overrides", "placement", "budget", "outcome")
 """Stage names, in order, as they appear in every full trace. A decision taken before every pool
@@ -224,9 +227,16 @@ def decide(
     # A degraded observation (the primary metrics source is down and values come from a fallback,
     # e.g. Triton's statistics instead of Prometheus) counts as missing data for every rule: a
     # fallback average is good enough to add capacity, never to release it.
-    if signals.degraded and spec.missing_data.on_missing is OnMissing.HOLD and not missing:
-        missing = [Recommendation(rule=f"degraded: {signals.degraded}", kind="observation", replicas=None,
-                                  reason=Reason.METRIC_MISSING.value, missing_data=True)]
+    # Likewise a sample that covers only some pools ("Partial": the others were invalid) is a lower
+    # bound: HPA's asymmetry, the replicas we could not see may be busy, so it never scales down.
+    partial = [n for n in _SAMPLE_NAMES if (getattr(signals, n).reason or "").startswith("Partial")]
+    if spec.missing_data.on_missing is OnMissing.HOLD and not missing:
+        if signals.degraded:
+            missing = [Recommendation(rule=f"degraded: {signals.degraded}", kind="observation", replicas=None,
+                                      reason=Reason.METRIC_MISSING.value, missing_data=True)]
+        elif partial:
+            missing = [Recommendation(rule=f"partial data: {', '.join(partial)}", kind="observation",
+                                      replicas=None, reason=Reason.METRIC_MISSING.value, missing_data=True)]
     if missing and spec.missing_data.on_missing is OnMissing.HOLD:
         names = ", ".join(r.rule for r in missing)
         if value < current:

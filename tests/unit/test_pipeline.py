@@ -422,6 +422,16 @@ def test_degraded_observation_never_releases_capacity(on_missing, expected, reas
     assert run(policy(fixed(9), missing_data={"on_missing": on_missing}), sig=sig).replicas == 9
 
 
+def test_partial_sample_never_releases_capacity() -> None:
+    """Some pools' series were invalid: the queue covers the others only, a lower bound."""
+    pol = policy(fixed(2))
+    sig = signals({"onprem": 4, "spot-a": 2}, queue_depth=Sample(3.0, NOW, "Partial: pool spot-a NaN"))
+    d = run(pol, sig=sig)
+    assert d.replicas == 6 and stage(d, "missing-data").reason == Reason.HOLD_ON_MISSING_DATA.value
+    assert "queue_depth" in stage(d, "missing-data").message
+    assert run(policy(fixed(8)), sig=sig).replicas == 8
+
+
 def test_spot_interruption_replaced_in_the_same_decision() -> None:
     sig = signals({"onprem": 4, "spot-a": 2})
     pools = dict(sig.pools)
