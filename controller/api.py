@@ -193,8 +193,9 @@ def create_app(daemon: "Daemon", auth: TokenAuth) -> FastAPI:
         status = daemon.reload_policies(author=who.name)
         daemon.repo.audit(who.name, "policies.reload", "policies", {"errors": len(daemon.policy_store.errors())},
                           daemon.clock.now())
-        # the reload itself worked even when a file was rejected: the report says which
-        return JSONResponse(status, status_code=200)
+        # A rejected file is an error for whoever just shipped it (a CI step calling reload must
+        # see it fail): 422 with every file's errors; the last good versions stay in force.
+        return JSONResponse(status, status_code=422 if daemon.policy_store.errors() else 200)
 
     @app.get("/v1/audit")
     def audit(_: Viewer, limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:

@@ -159,10 +159,11 @@ def test_policies_reload_keeps_last_good_and_shows_errors(served: tuple[Harness,
     h, c = served
     h.run(10)
     before = c.get("/v1/policies", headers=_h(VIEWER)).json()
+    assert c.post("/v1/policies/reload", headers=_h(ADMIN)).status_code == 200  # all good
     (h.policies_dir / "broken.yaml").write_text("apiVersion: tidegate/v1\nkind: ScalingPolicy\nmetadata: {name: b}\n"
                                                 "spec:\n  model: llama3-70b-fp8\n  rules:\n    - kind: warp-drive\n")
     r = c.post("/v1/policies/reload", headers=_h(ADMIN))
-    assert r.status_code == 200
+    assert r.status_code == 422 and "warp-drive" in r.text
     body = c.get("/v1/policies", headers=_h(VIEWER)).json()
     assert "warp-drive" in str(body) and "broken.yaml" in str(body)
     h.run(10)
