@@ -20,10 +20,14 @@ SLO x ``capacity_fraction``)) for requests and for output tokens, the larger of 
 covers what a one-minute rate cannot show: arrivals within the minute are not even (sub-minute
 bursts), and a queue that builds inside a minute misses the TTFT target.
 
-State (``Recommendation.state``): ``{"samples": ((t_s, requests_per_s, output_tokens_per_s), ...)}``
-with ``t_s`` the sample's own timestamp (epoch seconds, from the observation, never a tick count),
-one entry per new observation, pruned to ``history_s``. It is plain JSON, so it survives a restart
-when the history is persisted; a gap longer than ``history_s`` simply starts afresh.
+State (``Recommendation.state``): ``{"samples": ((t_s, requests_per_s, output_tokens_per_s), ...),
+"peaks": (...)}`` with ``t_s`` the sample's own timestamp (epoch seconds, from the observation,
+never a tick count). ``samples`` holds one entry per new observation over the trend window (at
+least two minutes); older observations fold into ``peaks``, a running-maximum history in buckets of
+``history / 240`` (at least 15 s) from which entries that can no longer decide the burst allowance
+are dropped (:func:`fold_peaks`), so a window of hours stays a few entries long. Both are pruned to
+``history_s`` and are plain JSON, so the history survives a restart when it is persisted; a gap
+longer than ``history_s`` simply starts afresh.
 
 Missing or stale rates: no opinion, flagged ``missing_data`` (the pipeline then holds), and the
 history is kept as it was. Without a capacity profile there is nothing to size with: no opinion.
@@ -40,6 +44,12 @@ from controller.core.model import Recommendation
 from controller.core.reasons import Reason
 from policies.base import PolicyContext, PolicyKind, StrictParams
 from policies.target_utilization import ceil_replicas
+
+FINE_MIN_S = 120.0
+"""Samples younger than this (or the trend window, if longer) are kept one per observation."""
+PEAK_BUCKETS = 240
+PEAK_BUCKET_MIN_S = 15.0
+"""Older samples fold into buckets of ``max(15 s, history / 240)`` (see :func:`fold_peaks`)."""
 
 Sample3 = tuple[float, float | None, float | None]
 """(t_s, requests_per_s, output_tokens_per_s); a rate is ``None`` when it was missing."""
@@ -98,9 +108,10 @@ def forecast_rate(points: Sequence[tuple[float, float]], now_s: float, lead_s: f
     return max(trend, burst), trend, burst
 
 
-def _load_samples(state: Any) -> list[Sample3]:
-    """The history from ``ctx.state`` (tolerant of a JSON round trip: lists for tuples)."""
-    raw = state.get("samples", ()) if hasattr(state, "get") else ()
+def _load_samples(state: Any, key: str = "samples") -> list[Sample3]:
+    """One list of the history from ``ctx.state`` (tolerant of a JSON round trip: lists for
+    tuples)."""
+    raw = state.get(key, ()) if hasattr(state, "get") else ()
     if isinstance(raw, tuple):
         return list(raw)  # as this kind wrote it (tuples: not round-tripped through JSON)
     out: list[Sample3] = []
@@ -112,6 +123,33 @@ def _load_samples(state: Any) -> list[Sample3]:
             continue  # a malformed entry is dropped, never fatal
     out.sort(key=lambda x: x[0])
     return out
+
+
+def _covers(a: float | None, b: float | None) -> bool:
+    """``a`` is at least ``b`` (a missing value covers only a missing one)."""
+    return b is None or (a is not None and a >= b)
+
+
+def fold_peaks(peaks: list[Sample3], older: Sequence[Sample3], bucket_s: float) -> list[Sample3]:
+    """Fold samples (time-ordered, all newer than ``peaks``) into the coarse peak history.
+
+    Only the burst allowance reads samples older than the trend window, and it takes a max of
+    ``value x weight(age)`` with a weight that never grows with age. So (a) samples within one
+    ``bucket_s`` bucket merge into (latest time, max of each rate), which holds a peak at most one
+    bucket longer than it was seen, and (b) an older entry that a newer one matches or exceeds on
+    both rates can never decide again and is dropped, as in a sliding-window maximum. The history
+    then stays a few entries long over a window of hours, however often the daemon ticks.
+    """
+    for t, r, o in older:
+        if peaks and bucket_s > 0 and math.floor(peaks[-1][0] / bucket_s) == math.floor(t / bucket_s):
+            pt, pr, po = peaks.pop()
+            r = pr if r is None else (r if pr is None else max(r, pr))
+            o = po if o is None else (o if po is None else max(o, po))
+            t = max(t, pt)
+        while peaks and _covers(r, peaks[-1][1]) and _covers(o, peaks[-1][2]):
+            peaks.pop()
+        peaks.append((t, r, o))
+    return peaks
 
 
 class Forecast(PolicyKind):
@@ -158,6 +196,13 @@ class Forecast(PolicyKind):
             description="Plan replicas at this fraction of their throughput at the SLO (the "
                         "model's capacity profile).",
         )
+        max_replicas: int | None = Field(
+            None, ge=1,
+            description="Never ask for more than this many replicas (null: no cap). A second "
+                        "forecast rule with a long burst window capped at the cheap (on-prem) "
+                        "capacity keeps that capacity warm between spikes hours apart without "
+                        "holding cloud replicas as long.",
+        )
         signals: tuple[str, ...] = Field(
             ("requests", "output_tokens"),
             description="Rates to forecast: requests (request_rate_per_s vs capacity "
@@ -172,14 +217,17 @@ class Forecast(PolicyKind):
         cap = ctx.capacity
         now_s = ctx.now.timestamp()
         keep_s = max(p.history_s, p.burst_window_s, p.trend_window_s)  # never prune what a window needs
-        loaded = _load_samples(ctx.state)
         lo = now_s - keep_s
+        loaded = _load_samples(ctx.state)
         samples = loaded if loaded and loaded[0][0] >= lo and loaded[-1][0] <= now_s else [
+            s for s in loaded if lo <= s[0] <= now_s]
+        loaded = _load_samples(ctx.state, "peaks")
+        peaks = loaded if loaded and loaded[0][0] >= lo and loaded[-1][0] <= now_s else [
             s for s in loaded if lo <= s[0] <= now_s]
         if cap is None:
             return Recommendation(rule=self.rule, kind=self.name, replicas=None, reason=Reason.METRIC_MISSING.value,
                                   message="no capacity profile for the model: nothing to size with",
-                                  missing_data=True, state={"samples": tuple(samples)})
+                                  missing_data=True, state={"samples": tuple(samples), "peaks": tuple(peaks)})
         wanted = [s for s in ("requests", "output_tokens") if s in p.signals]
         signal_of = {"requests": "request_rate_per_s", "output_tokens": "output_tokens_per_s"}
         per_replica = {"requests": cap.requests_per_s, "output_tokens": cap.output_tokens_per_s}
@@ -196,7 +244,15 @@ class Forecast(PolicyKind):
                 stamp = max(stamp or -math.inf, at.timestamp())
         if stamp is not None and (not samples or stamp > samples[-1][0]):
             samples.append((stamp, values.get("requests"), values.get("output_tokens")))
-        state = {"samples": tuple(samples)}
+        # full resolution where the trend reads it, a coarse running peak history beyond
+        fine_from = now_s - max(p.trend_window_s, FINE_MIN_S)
+        k = 0
+        while k < len(samples) and samples[k][0] < fine_from:
+            k += 1
+        if k:
+            peaks = fold_peaks(peaks, samples[:k], max(PEAK_BUCKET_MIN_S, keep_s / PEAK_BUCKETS))
+            samples = samples[k:]
+        state = {"samples": tuple(samples), "peaks": tuple(peaks)}
         if not wanted or all(values[s] is None for s in wanted):
             why = "; ".join(m for _, m in missing) or "no signal selected"
             return Recommendation(rule=self.rule, kind=self.name, replicas=None,
@@ -208,7 +264,8 @@ class Forecast(PolicyKind):
             if values[sub] is None or per_replica[sub] <= 0:
                 continue
             col = 1 if sub == "requests" else 2
-            pts = [(s[0], v) for s in samples if (v := s[col]) is not None]
+            pts = [(s[0], v) for s in peaks if (v := s[col]) is not None]
+            pts += [(s[0], v) for s in samples if (v := s[col]) is not None]
             f, trend, burst = forecast_rate(pts, now_s, p.lead_time_s, p.trend_window_s, p.burst_window_s,
                                             p.burst_hold_s)
             need = f * p.headroom
@@ -227,6 +284,9 @@ class Forecast(PolicyKind):
             return Recommendation(rule=self.rule, kind=self.name, replicas=None, reason=Reason.METRIC_MISSING.value,
                                   message="; ".join(parts) or "no usable capacity", missing_data=True, state=state)
         replicas, sub = best
+        if p.max_replicas is not None and replicas > p.max_replicas:
+            parts.append(f"capped at max_replicas {p.max_replicas}")
+            replicas = p.max_replicas
         current = ctx.current_replicas
         if replicas > current:
             reason = Reason.THROUGHPUT_ABOVE_CAPACITY

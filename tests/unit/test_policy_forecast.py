@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from controller.core.model import ModelSignals, ModelSpec, Recommendation, ReplicaCapacity, Sample
 from controller.core.reasons import Reason
 from policies.base import PolicyContext, Registry
-from policies.forecast import Forecast, forecast_rate, trend_slope
+from policies.forecast import Forecast, fold_peaks, forecast_rate, trend_slope
 
 UTC = timezone.utc
 T0 = datetime(2024, 9, 9, 12, 0, tzinfo=UTC)
@@ -102,7 +102,7 @@ def test_history_is_pruned_and_a_long_gap_starts_afresh() -> None:
     kind = build(history_s=300, burst_window_s=300, trend_window_s=300)
     rec = run(kind, [20.0] + [1.0] * 30)  # 30 x 15 s = 450 s later the spike is gone
     assert rec.replicas == 1
-    assert all(T0.timestamp() + 450 - 300 <= s[0] for s in rec.state["samples"])
+    assert all(T0.timestamp() + 450 - 300 <= s[0] for s in rec.state["samples"] + rec.state["peaks"])
     later = kind.recommend(ctx(T0 + timedelta(hours=3), 1.0, state=run(kind, [20.0] * 3).state))
     assert later.replicas == 1 and len(later.state["samples"]) == 1
 
@@ -177,3 +177,62 @@ def test_never_below_what_the_latest_rate_needs(rates: list[float], headroom: fl
     assert rec.replicas >= math.ceil(rates[-1] * headroom / (CAP.requests_per_s * 0.8) - 1e-9)
     assert rec.replicas == run(kind, rates).replicas  # pure: same inputs, same answer
     assert len(rec.state["samples"]) <= len(rates)
+
+
+def test_max_replicas_caps_the_rule() -> None:
+    spike = [1.0] * 4 + [40.0] + [1.0] * 4  # 40 req/s needs ceil(40 / 1.6) = 25
+    assert run(build(), spike).replicas == 25
+    capped = run(build(max_replicas=8), spike)
+    assert capped.replicas == 8 and "capped at max_replicas 8" in capped.message
+    assert run(build(max_replicas=8), [1.0] * 4).replicas == 1  # below the cap: untouched
+
+
+def test_hours_of_history_stay_small_and_survive_json() -> None:
+    # 9 hours of samples every 15 s (2160 observations) with a 9-hour burst window: the spike of
+    # hour one still decides at the end, while the state holds the trend window at full
+    # resolution and a coarse peak history (buckets of 32400 / 240 = 135 s) beyond it.
+    kind = build(burst_window_s=32400, history_s=32400, trend_window_s=600, signals=("requests",))
+    state: Any = {}
+    rec: Recommendation | None = None
+    for i in range(2160):
+        rate = 30.0 if i == 240 else 1.0 + (i % 7) * 0.1  # one spike an hour in, a ripple around it
+        rec = kind.recommend(ctx(T0 + timedelta(seconds=15 * i), rate, state=state))
+        state = json.loads(json.dumps(rec.state)) if i % 500 == 0 else rec.state
+    assert rec is not None
+    assert rec.replicas == math.ceil(30.0 / 1.6)
+    assert len(rec.state["samples"]) <= 600 / 15 + 1
+    assert len(rec.state["peaks"]) <= 8  # the spike, then a short staircase of the ripple
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(),
+       vals=st.lists(st.tuples(st.floats(min_value=0.1, max_value=60.0),
+                               st.floats(min_value=0.0, max_value=100.0)), min_size=1, max_size=60))
+def test_folded_peaks_bound_the_full_history(data: st.DataObject, vals: list[tuple[float, float]]) -> None:
+    # Samples at increasing times; the burst allowance from the folded history is never below the
+    # one from the full history (no peak is lost), exact without buckets, and with buckets of b
+    # seconds never above the full history's as seen b seconds earlier (a peak is held at most
+    # one bucket longer), for any window and hold.
+    t, pts = 0.0, []
+    for dt, v in vals:
+        t += dt
+        pts.append((t, v))
+    now = t + data.draw(st.floats(min_value=0.0, max_value=300.0))
+    window = data.draw(st.floats(min_value=1.0, max_value=2000.0))
+    hold = data.draw(st.one_of(st.none(), st.floats(min_value=0.0, max_value=2000.0)))
+    bucket = data.draw(st.sampled_from([0.0, 5.0, 30.0, 120.0]))
+
+    def burst(points: list[tuple[float, float]], at: float) -> float:
+        return forecast_rate(points, at, 0.0, 1.0, window, hold)[2]
+
+    # as in recommend(): the older samples are folded, the latest observation stays as it is
+    folded = [(ft, fr) for ft, fr, _ in fold_peaks([], [(pt, pv, None) for pt, pv in pts[:-1]], bucket)]
+    got = burst(folded + pts[-1:], now)
+    full = burst(pts, now)
+    assert got >= full - 1e-9
+    if bucket == 0.0:
+        assert got == pytest.approx(full)
+    else:
+        assert got <= burst(pts, now - bucket) + 1e-9
+    assert len(folded) <= max(len(pts) - 1, 0)
+    assert [x[0] for x in folded] == sorted(x[0] for x in folded)
