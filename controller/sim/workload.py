@@ -277,3 +277,31 @@ def rate_profile(workload: Workload, bin_s: float, duration_s: float) -> np.ndar
         lo_i, hi_i = lo.astype(np.int64), hi.astype(np.int64)
         return (cum[hi_i] - cum[lo_i]) / per
     return workload.rate_per_s[src]
+
+
+def causal_attainment_bound(workload: Workload, duration_s: float, bin_s: float = 60.0,
+                            warm_s: float = 600.0, ready_after_s: float = 0.0) -> float:
+    """The most a controller that cannot see the future can serve on time, on this workload's shape.
+
+    A generous causal controller: it remembers everything and holds capacity for the busiest
+    ``bin_s`` bin it has seen, forever (from the start it holds what the busiest bin of the first
+    ``warm_s`` seconds needs: the simulator's warm initial fleet); capacity it orders on seeing a
+    bin serves from ``ready_after_s`` after that bin's end (0: at once; the fastest cold start is
+    the honest figure). In a bin busier than what it holds, it serves only what it holds, the rest
+    is late. The share it serves bounds the SLO attainment of any causal controller that never
+    holds more than it has seen, whatever it spends; only one that holds more than any load seen
+    so far (or the oracle, which knows the future) can do better. Sub-bin bursts are not counted,
+    so the true bound is lower still.
+    """
+    counts = rate_profile(workload, bin_s, duration_s) * bin_s
+    total = float(counts.sum())
+    if total <= 0:
+        return 1.0
+    n = len(counts)
+    warm = max(1, int(math.ceil(min(warm_s, duration_s) / bin_s)))
+    lag = 1 + int(math.ceil(ready_after_s / bin_s - 1e-9))  # bins between a bin and its capacity
+    seen = np.maximum.accumulate(counts)
+    held = np.full(n, counts[:warm].max())
+    if n > lag:
+        held[lag:] = np.maximum(held[lag:], seen[: n - lag])
+    return float(np.minimum(counts, held).sum() / total)

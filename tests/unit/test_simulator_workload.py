@@ -12,6 +12,7 @@ from controller.sim.workload import (
     RateSeries,
     RequestTrace,
     TokenDistribution,
+    causal_attainment_bound,
     peak_rate_per_s,
     rate_profile,
     read_azure_trace,
@@ -132,3 +133,20 @@ def test_shared_azure_and_maf_traces_read() -> None:
     assert tr.duration_s == pytest.approx(3435.9, abs=1.0)
     rs = read_rate_series(SHARED_DATA / "maf_rate_series" / "requests_per_minute_first_400h.csv", tr.tokens())
     assert len(rs.rate_per_s) == 24000 and rs.duration_s == 400 * 3600
+
+
+def test_causal_bound_counts_what_exceeds_every_earlier_bin() -> None:
+    # requests per minute: the warm fleet holds the first 2 minutes' peak (10); 30 in minute 3 is
+    # busier than anything seen (10 of it served), the repeat in minute 5 is covered once the
+    # capacity ordered at minute 3 is ready.
+    per_min = np.array([5.0, 10.0, 30.0, 0.0, 30.0, 8.0])
+    w = RateSeries("steps", 60.0, per_min / 60.0, TOKENS)
+    total = per_min.sum()
+    assert causal_attainment_bound(w, w.duration_s, 60.0, warm_s=120.0) == pytest.approx((total - 20) / total)
+    # with capacity ready 3 minutes after it is ordered, the repeat at minute 5 is late too
+    late = causal_attainment_bound(w, w.duration_s, 60.0, warm_s=120.0, ready_after_s=180.0)
+    assert late == pytest.approx((total - 40) / total)
+    # a load no busier than its start is fully servable; no load at all is trivially met
+    flat = RateSeries("flat", 60.0, np.full(30, 2.0), TOKENS)
+    assert causal_attainment_bound(flat, flat.duration_s, 60.0, ready_after_s=600.0) == 1.0
+    assert causal_attainment_bound(RateSeries("zero", 60.0, np.zeros(5), TOKENS), 300.0) == 1.0
