@@ -120,7 +120,7 @@ def check_targets(rows: list[dict[str, Any]], bound: float | None = None) -> lis
     def line(ok: bool, text: str) -> None:
         lines.append(f"  {'PASS' if ok else 'MISS'}  {text}")
 
-    why = "" if bound is None else f" (no controller without foresight that holds no more than it has seen gets above {100 * bound:.2f} % here)"
+    why = "" if bound is None else f" (causal bound on this trace: {100 * bound:.2f} %)"
     line(t["slo_attainment"] >= 0.99, f"SLO attainment >= 99 %: {100 * t['slo_attainment']:.2f} %{why}")
     o = by.get("oracle")
     if o is not None and o["cost_usd"] > 0:
