@@ -36,6 +36,7 @@ history is kept as it was. Without a capacity profile there is nothing to size w
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from typing import Any, Sequence
 
 from pydantic import Field
@@ -123,6 +124,13 @@ def _load_samples(state: Any, key: str = "samples") -> list[Sample3]:
             continue  # a malformed entry is dropped, never fatal
     out.sort(key=lambda x: x[0])
     return out
+
+
+def _within(items: list[Sample3], lo: float, hi: float) -> list[Sample3]:
+    """The time-ordered ``items`` with ``lo <= t_s <= hi`` (the list itself when all are)."""
+    if items and items[0][0] >= lo and items[-1][0] <= hi:
+        return items
+    return [x for x in items if lo <= x[0] <= hi]
 
 
 def _covers(a: float | None, b: float | None) -> bool:
@@ -218,12 +226,8 @@ class Forecast(PolicyKind):
         now_s = ctx.now.timestamp()
         keep_s = max(p.history_s, p.burst_window_s, p.trend_window_s)  # never prune what a window needs
         lo = now_s - keep_s
-        loaded = _load_samples(ctx.state)
-        samples = loaded if loaded and loaded[0][0] >= lo and loaded[-1][0] <= now_s else [
-            s for s in loaded if lo <= s[0] <= now_s]
-        loaded = _load_samples(ctx.state, "peaks")
-        peaks = loaded if loaded and loaded[0][0] >= lo and loaded[-1][0] <= now_s else [
-            s for s in loaded if lo <= s[0] <= now_s]
+        samples = _within(_load_samples(ctx.state), lo, now_s)
+        peaks = _within(_load_samples(ctx.state, "peaks"), lo, now_s)
         if cap is None:
             return Recommendation(rule=self.rule, kind=self.name, replicas=None, reason=Reason.METRIC_MISSING.value,
                                   message="no capacity profile for the model: nothing to size with",
@@ -246,9 +250,7 @@ class Forecast(PolicyKind):
             samples.append((stamp, values.get("requests"), values.get("output_tokens")))
         # full resolution where the trend reads it, a coarse running peak history beyond
         fine_from = now_s - max(p.trend_window_s, FINE_MIN_S)
-        k = 0
-        while k < len(samples) and samples[k][0] < fine_from:
-            k += 1
+        k = bisect_left(samples, fine_from, key=lambda x: x[0])
         if k:
             peaks = fold_peaks(peaks, samples[:k], max(PEAK_BUCKET_MIN_S, keep_s / PEAK_BUCKETS))
             samples = samples[k:]
