@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -476,6 +477,117 @@ def check_backend_parameters(
                     raise BundleError(
                         f"{ens.config_path}: step {step.model_name!r} does not request output {out!r}, which the "
                         f"backend fails a request without ({want.source})")
+
+
+# --- engine-build Jobs: flags per GPU generation, calibration from the model store ----------------
+
+_OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+"""Set in every container that quantizes or builds: the Hugging Face libraries then read only what
+is on disk and fail instead of downloading (a checkpoint, a tokenizer or calibration data)."""
+
+# quantize.py picks its calibration set by name (TensorRT-LLM's quantize_by_modelopt
+# get_calib_dataloader): "pileval" and anything containing one of these is fetched from a hub or a URL.
+_HUB_DATASET_NAMES = ("cnn_dailymail", "scienceqa", "science_qa")
+
+
+class FlagRule(_Strict):
+    generations: list[str] = Field(min_length=1, description="GPU generations the flag may be turned on for.")
+    off_values: list[str] = Field(default_factory=list, description="Values that turn the flag off (allowed everywhere).")
+    source: str = Field(description="Where the restriction is documented.")
+
+
+class GpuTypeSpec(_Strict):
+    generation: str
+    sm: int = Field(description="CUDA compute capability x10 (90 = sm_90).")
+
+
+class GpuBuildFlags(_Strict):
+    """One YAML document: ``apiVersion: tidegate/v1``, ``kind: GpuBuildFlags``."""
+
+    apiVersion: Literal["tidegate/v1"]
+    kind: Literal["GpuBuildFlags"]
+    gpu_types: dict[str, GpuTypeSpec]
+    quantization: dict[str, FlagRule] = Field(description="Per manifest quantization: the generations that run it.")
+    flags: dict[str, FlagRule] = Field(description="trtllm-build flags limited to some generations.")
+
+
+def load_gpu_build_flags(path: Path) -> GpuBuildFlags:
+    try:
+        return GpuBuildFlags.model_validate(yaml.safe_load(path.read_text()))
+    except (OSError, yaml.YAMLError, ValidationError) as e:
+        raise BundleError(f"{path}: not a valid GpuBuildFlags table: {e}") from e
+
+
+def command_flags(script: str, program: str) -> dict[str, str] | None:
+    """The ``--flag value`` arguments of the first ``program`` command in a shell script (``None``
+    when it does not run it); a flag without a value maps to ``""``."""
+    for line in re.sub(r"\\\n", " ", script).splitlines():
+        if program not in line:
+            continue
+        tokens = shlex.split(line, comments=True)
+        at = next((i for i, t in enumerate(tokens) if t == program or t.endswith("/" + program)), None)
+        if at is None:
+            continue
+        flags: dict[str, str] = {}
+        args = tokens[at + 1:]
+        for i, tok in enumerate(args):
+            if tok in ("&&", "||", ";", "|"):
+                break
+            if tok.startswith("--"):
+                nxt = args[i + 1] if i + 1 < len(args) else ""
+                flags[tok] = "" if nxt.startswith("--") or nxt in ("&&", "||", ";", "|") else nxt
+        return flags
+    return None
+
+
+def check_engine_build_job(job: Mapping[str, Any], manifest: BundleManifest, table: GpuBuildFlags, where: str) -> None:
+    """One engine-build Job: every trtllm-build flag is valid for the generation of the GPU the Job
+    builds for, the bundle's quantization runs there, and nothing it runs can reach a model hub:
+    the Hugging Face libraries are offline and quantize.py calibrates on the manifest's
+    pre-staged ``build.calib_dataset``."""
+    gpu = job.get("metadata", {}).get("labels", {}).get("tidegate.io/gpu-type")
+    gen = table.gpu_types.get(gpu) if gpu else None
+    if gen is None:
+        raise BundleError(f"{where}: label tidegate.io/gpu-type {gpu!r} is not in the GPU table ({sorted(table.gpu_types)})")
+    quant = table.quantization.get(manifest.spec.quantization)
+    if quant is None or gen.generation not in quant.generations:
+        raise BundleError(
+            f"{where}: {gpu} ({gen.generation}, sm_{gen.sm}) cannot run {manifest.spec.quantization} engines"
+            + (f" ({quant.source})" if quant else ""))
+    pod = job["spec"]["template"]["spec"]
+    calib = manifest.spec.build.calib_dataset
+    for c in [*pod.get("initContainers", []), *pod["containers"]]:
+        script = " ".join([*c.get("command", []), *c.get("args", [])])
+        build = command_flags(script, "trtllm-build")
+        quantize = command_flags(script, "quantize.py")
+        if build is None and quantize is None:
+            continue
+        name = f"{where}: container {c['name']!r}"
+        for flag, value in (build or {}).items():
+            rule = table.flags.get(flag)
+            if rule is not None and gen.generation not in rule.generations and value not in rule.off_values:
+                raise BundleError(
+                    f"{name}: trtllm-build {flag} {value} is not supported on {gpu} ({gen.generation}, sm_{gen.sm}); "
+                    f"only on {rule.generations} ({rule.source})")
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        unset = [f"{k}={v}" for k, v in _OFFLINE_ENV.items() if env.get(k) != v]
+        if unset:
+            raise BundleError(f"{name} may download from a model hub: set {', '.join(unset)} in its env")
+        if quantize is not None:
+            dataset = quantize.get("--calib_dataset")
+            if dataset is None:
+                raise BundleError(
+                    f"{name}: quantize.py without --calib_dataset calibrates on its default, a Hugging Face "
+                    f"dataset; pass the pre-staged build.calib_dataset ({calib})")
+            if calib is None or dataset != calib:
+                raise BundleError(f"{name}: --calib_dataset {dataset!r} differs from the manifest's build.calib_dataset {calib!r}")
+            mounts = [m["mountPath"] for m in c.get("volumeMounts", [])]
+            if (not dataset.startswith("/") or dataset == "pileval"
+                    or any(n in dataset.lower() for n in _HUB_DATASET_NAMES)
+                    or not any(dataset.startswith(m.rstrip("/") + "/") for m in mounts)):
+                raise BundleError(
+                    f"{name}: --calib_dataset {dataset!r} must be a directory on a mounted volume (the model store) "
+                    f"and must not contain {list(_HUB_DATASET_NAMES)}, which quantize.py fetches from the hub")
 
 
 def load_bundle(manifest_path: Path | str) -> Bundle:
