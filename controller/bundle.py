@@ -10,8 +10,11 @@ The manifest is the one source of truth for those facts: the daemon config's mod
 it (``ModelConfig.bundle_manifest``) and must agree with it (``check_model_config``), the simulator
 builds its profile from it (``bundle_to_model_config``), and ``load_bundle`` parses every
 ``config.pbtxt`` with Triton's own protobuf schema and rejects a repository whose tensor-parallel
-settings, batch size, paths or ensemble wiring disagree with the manifest. Every error names the
-file and both values, so the fix is obvious from the message.
+settings, batch size, paths or ensemble wiring disagree with the manifest, or that the pinned
+image's backends could not load (``check_backend_parameters``, against the parameter list the
+manifest names). ``check_engine_build_job`` holds each engine-build Job to the trtllm-build flags
+its GPU generation supports and to offline, pre-staged calibration. Every error names the file and
+both values, so the fix is obvious from the message.
 
 How the TensorRT-LLM backend expresses tensor parallelism: ``config.pbtxt`` has no TP field (the
 engine carries its mapping, and the multi-GPU launch starts one MPI rank per GPU). Its
@@ -27,7 +30,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, TypeVar
 
 import yaml
 from google.protobuf import text_format
@@ -160,21 +163,28 @@ class Bundle:
     models: Mapping[str, TritonModel]
 
 
-def load_manifest(path: Path | str) -> BundleManifest:
-    """Read and validate a bundle manifest; errors name the file."""
-    path = Path(path)
+_Doc = TypeVar("_Doc", bound=BaseModel)
+
+
+def _load_document(path: Path, schema: type[_Doc], kind: str) -> _Doc:
+    """Read and validate one tidegate YAML document of ``kind``; errors name the file."""
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as e:
-        raise BundleError(f"{path}: cannot read the bundle manifest: {e}") from e
+        raise BundleError(f"{path}: cannot read the {kind} file: {e}") from e
     except yaml.YAMLError as e:
         raise BundleError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(data, dict):
-        raise BundleError(f"{path}: expected a ModelBundle mapping, got {type(data).__name__}")
+        raise BundleError(f"{path}: expected a {kind} mapping, got {type(data).__name__}")
     try:
-        return BundleManifest.model_validate(data)
+        return schema.model_validate(data)
     except ValidationError as e:
-        raise BundleError(f"{path}: invalid ModelBundle: {e}") from e
+        raise BundleError(f"{path}: invalid {kind}: {e}") from e
+
+
+def load_manifest(path: Path | str) -> BundleManifest:
+    """Read and validate a bundle manifest (``kind: ModelBundle``)."""
+    return _load_document(Path(path), BundleManifest, "ModelBundle")
 
 
 def parse_model_config(path: Path) -> Any:
@@ -369,16 +379,7 @@ class BackendParameters(_Strict):
 
 
 def load_backend_parameters(path: Path) -> BackendParameters:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise BundleError(f"{path}: cannot read the backend parameter list: {e}") from e
-    except yaml.YAMLError as e:
-        raise BundleError(f"{path}: not valid YAML: {e}") from e
-    try:
-        return BackendParameters.model_validate(data)
-    except ValidationError as e:
-        raise BundleError(f"{path}: invalid BackendParameters: {e}") from e
+    return _load_document(path, BackendParameters, "BackendParameters")
 
 
 def _tensor_row(t: Any) -> tuple[str, list[int], list[int] | None]:
@@ -512,10 +513,7 @@ class GpuBuildFlags(_Strict):
 
 
 def load_gpu_build_flags(path: Path) -> GpuBuildFlags:
-    try:
-        return GpuBuildFlags.model_validate(yaml.safe_load(path.read_text()))
-    except (OSError, yaml.YAMLError, ValidationError) as e:
-        raise BundleError(f"{path}: not a valid GpuBuildFlags table: {e}") from e
+    return _load_document(path, GpuBuildFlags, "GpuBuildFlags")
 
 
 def command_flags(script: str, program: str) -> dict[str, str] | None:
