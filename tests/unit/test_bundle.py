@@ -316,6 +316,31 @@ def test_python_models_read_what_the_list_says(model: str) -> None:
     assert listed == {k: (req, f"deploy/model/repository/{model}/1/model.py:{line}") for k, (req, line) in reads.items()}
 
 
+def _tensor_names(model_py: Path) -> tuple[set[str], set[str]]:
+    """Tensor names a Python model reads (get_input_tensor_by_name) and produces (pb_utils.Tensor)."""
+    import ast
+
+    read, produced = set(), set()
+    for node in ast.walk(ast.parse(model_py.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            args = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if node.func.attr == "get_input_tensor_by_name":
+                read.update(args)
+            elif node.func.attr == "Tensor":
+                produced.update(args[:1])
+    return read, produced
+
+
+@pytest.mark.parametrize("model", ["preprocessing", "postprocessing"])
+def test_python_models_use_the_tensors_their_config_declares(model: str) -> None:
+    """The Python backend fails a request whose model reads an undeclared input or returns an
+    undeclared output; every declared output must be produced for the ensemble's next step."""
+    config = load_bundle(BUNDLE / "manifest.yaml").models[model].config
+    read, produced = _tensor_names(BUNDLE / "repository" / model / "1" / "model.py")
+    assert read and read <= {t.name for t in config.input}
+    assert produced == {t.name for t in config.output}
+
+
 def test_every_listed_source_is_a_file_and_line() -> None:
     params = load_backend_parameters(PARAMS)
     assert params.triton_image == load_manifest(BUNDLE / "manifest.yaml").spec.runtime.triton_image
