@@ -32,7 +32,14 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from controller.bundle import bundle_to_model_config, check_daemon_config, load_bundle, load_manifest
+from controller.bundle import (
+    bundle_to_model_config,
+    check_daemon_config,
+    load_backend_parameters,
+    load_bundle,
+    load_gpu_build_flags,
+    load_manifest,
+)
 from controller.config import DaemonConfig
 from controller.core.spec import ScalingPolicy
 from controller.metrics import DaemonMetrics
@@ -219,6 +226,10 @@ def test_every_plain_manifest_in_deploy_is_valid(kube_validate: Any) -> None:
             if doc["apiVersion"] == "tidegate/v1":
                 if doc["kind"] == "ScalingPolicy":
                     ScalingPolicy.model_validate(doc)
+                elif doc["kind"] == "BackendParameters":
+                    load_backend_parameters(path)
+                elif doc["kind"] == "GpuBuildFlags":
+                    load_gpu_build_flags(path)
                 else:
                     assert doc["kind"] == "ModelBundle", where
                     load_manifest(path)

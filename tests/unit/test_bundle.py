@@ -3,6 +3,7 @@ manifest and the Triton model repository, with an error that names the file and 
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 from pathlib import Path
@@ -19,8 +20,10 @@ from controller.bundle import (
     BundleError,
     BundleManifest,
     bundle_to_model_config,
+    check_backend_parameters,
     check_daemon_config,
     check_model_config,
+    load_backend_parameters,
     load_bundle,
     load_manifest,
     tensor_parallel_degree,
@@ -68,6 +71,18 @@ def _trt(bundle: Path) -> Path:
 
 def _ens(bundle: Path) -> Path:
     return bundle.parent / "repository" / "ensemble" / "config.pbtxt"
+
+
+def _repo(bundle: Path, model: str) -> Path:
+    return bundle.parent / "repository" / model / "config.pbtxt"
+
+
+def _drop_param(path: Path, key: str) -> None:
+    """Remove one ``parameters { key: ... }`` block from a config.pbtxt."""
+    text = path.read_text()
+    new, n = re.subn(r'parameters \{\n(\s*#[^\n]*\n)*\s*key: "%s"\n\s*value: \{[^}]*\}\n\}\n' % re.escape(key), "", text)
+    assert n == 1, f"no parameters block {key!r} in {path}"
+    path.write_text(new)
 
 
 # (mutation, substrings the error must contain: the file and both values)
@@ -128,6 +143,54 @@ CASES: list[tuple[str, Callable[[Path], None], list[str]]] = [
     ("wrong kind",
      lambda b: _edit_manifest(b, lambda d: d.update(kind="ScalingPolicy")),
      ["manifest.yaml", "ModelBundle"]),
+    # What the pinned TensorRT-LLM backend reads (deploy/model/backend_parameters.yaml).
+    *[(f"tensorrt_llm without {key} (read with no fallback)",
+       (lambda k: lambda b: _drop_param(_trt(b), k))(key),
+       ["tensorrt_llm/config.pbtxt", f"'{key}' (read at inflight_batcher_llm/src/model_instance_state.cc:{line})",
+        f"Cannot find parameter with name: {key}", "25.06-trtllm-python-py3", "backend_parameters.yaml"])
+      for key, line in (("tokenizer_dir", 413), ("xgrammar_tokenizer_info_path", 414),
+                        ("guided_decoding_backend", 415), ("gpt_model_type", 62))],
+    ("streaming input without the template's reshape",
+     lambda b: _edit(_trt(b), 'dims: [ 1 ]\n    reshape: { shape: [ ] }\n    optional: true\n  }\n]',
+                     'dims: [ 1 ]\n    optional: true\n  }\n]'),
+     ["tensorrt_llm/config.pbtxt", "input 'streaming' has no reshape", "expects reshape: { shape: [] }",
+      "all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt"]),
+    ("input dims differ from the template",
+     lambda b: _edit(_trt(b), 'name: "input_lengths"\n    data_type: TYPE_INT32\n    dims: [ 1 ]',
+                     'name: "input_lengths"\n    data_type: TYPE_INT32\n    dims: [ -1 ]'),
+     ["tensorrt_llm/config.pbtxt", "'input_lengths' has dims [-1]", "expects [1]"]),
+    ("an input the template requires is missing",
+     lambda b: (_edit(_ens(b), 'input_map { key: "request_output_len" value: "_REQUEST_OUTPUT_LEN" }\n', ""),
+                _edit(_trt(b), '  {\n    name: "request_output_len"\n    data_type: TYPE_INT32\n    dims: [ 1 ]\n'
+                      '    reshape: { shape: [ ] }\n  },\n', "")),
+     ["tensorrt_llm/config.pbtxt", "input 'request_output_len' is missing"]),
+    ("misspelt parameter (the backend would ignore it)",
+     lambda b: _edit(_trt(b), '"kv_cache_free_gpu_mem_fraction"', '"kv_cache_free_gpu_memory_fraction"'),
+     ["tensorrt_llm/config.pbtxt", "'kv_cache_free_gpu_memory_fraction' is not read", "no effect",
+      "did you mean 'kv_cache_free_gpu_mem_fraction'"]),
+    ("bool parameter that is not a bool",
+     lambda b: _edit(_trt(b), 'key: "enable_kv_cache_reuse"\n  value: { string_value: "true" }',
+                     'key: "enable_kv_cache_reuse"\n  value: { string_value: "yes" }'),
+     ["tensorrt_llm/config.pbtxt", "'enable_kv_cache_reuse' is 'yes', not true or false", "model_instance_state.cc:170"]),
+    ("scheduler policy the backend does not know",
+     lambda b: _edit(_trt(b), '"guaranteed_no_evict"', '"guaranteed-no-evict"'),
+     ["tensorrt_llm/config.pbtxt", "'guaranteed-no-evict'", "['max_utilization', 'guaranteed_no_evict']"]),
+    ("guided decoding backend other than xgrammar",
+     lambda b: _edit(_trt(b), 'key: "guided_decoding_backend"\n  value: { string_value: "" }',
+                     'key: "guided_decoding_backend"\n  value: { string_value: "outlines" }'),
+     ["tensorrt_llm/config.pbtxt", "'outlines'", "['', 'xgrammar']"]),
+    ("unfilled template value",
+     lambda b: _edit(_trt(b), 'string_value: "100" }', 'string_value: "${cancellation_check_period_ms}" }'),
+     ["tensorrt_llm/config.pbtxt", "'cancellation_check_period_ms' is an unfilled template"]),
+    ("preprocessing without tokenizer_dir",
+     lambda b: _drop_param(_repo(b, "preprocessing"), "tokenizer_dir"),
+     ["preprocessing/config.pbtxt", "'tokenizer_dir' (read at deploy/model/repository/preprocessing/1/model.py:21)",
+      "python backend"]),
+    ("image bumped without re-reading the backend",
+     lambda b: _edit_manifest(b, lambda d: d["spec"]["runtime"].update(
+         triton_image="nvcr.io/nvidia/tritonserver:25.08-trtllm-python-py3")),
+     ["backend_parameters.yaml", "describes nvcr.io/nvidia/tritonserver:25.06-trtllm-python-py3",
+      "pins nvcr.io/nvidia/tritonserver:25.08-trtllm-python-py3", "controller.backend_source"]),
 ]
 
 
@@ -216,3 +279,192 @@ def test_manifest_schema_round_trips() -> None:
     manifest = load_manifest(BUNDLE / "manifest.yaml")
     again = BundleManifest.model_validate(manifest.model_dump(mode="json"))
     assert again == manifest
+
+
+# --- what the pinned backends read --------------------------------------------------------------
+
+PARAMS = BUNDLE / "backend_parameters.yaml"
+
+
+def _parameter_reads(model_py: Path) -> dict[str, tuple[bool, int]]:
+    """What a bundle Python model reads from its config: name -> (required, line). ``params["x"]``
+    fails without the key; ``params.get("x", ...)`` has a fallback."""
+    import ast
+
+    reads: dict[str, tuple[bool, int]] = {}
+    for node in ast.walk(ast.parse(model_py.read_text())):
+        if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "params"
+                and isinstance(node.slice, ast.Constant)):
+            reads[node.slice.value] = (True, node.lineno)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "params"):
+            arg = node.args[0]
+            assert isinstance(arg, ast.Constant)
+            reads[arg.value] = (False, node.lineno)
+    return reads
+
+
+@pytest.mark.parametrize("model", ["preprocessing", "postprocessing"])
+def test_python_models_read_what_the_list_says(model: str) -> None:
+    """The list's entries for the bundle's own Python models are what their code reads, at the lines
+    it names: a model.py edit that adds or drops a parameter fails here until the list follows."""
+    spec = load_backend_parameters(PARAMS).models[model]
+    model_py = BUNDLE / "repository" / model / "1" / "model.py"
+    reads = _parameter_reads(model_py)
+    assert reads, f"{model_py} reads no parameters?"
+    listed = {k: (p.required, p.source) for k, p in spec.parameters.items()}
+    assert listed == {k: (req, f"deploy/model/repository/{model}/1/model.py:{line}") for k, (req, line) in reads.items()}
+
+
+def _tensor_names(model_py: Path) -> tuple[set[str], set[str]]:
+    """Tensor names a Python model reads (get_input_tensor_by_name) and produces (pb_utils.Tensor)."""
+    import ast
+
+    read, produced = set(), set()
+    for node in ast.walk(ast.parse(model_py.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            args = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if node.func.attr == "get_input_tensor_by_name":
+                read.update(args)
+            elif node.func.attr == "Tensor":
+                produced.update(args[:1])
+    return read, produced
+
+
+@pytest.mark.parametrize("model", ["preprocessing", "postprocessing"])
+def test_python_models_use_the_tensors_their_config_declares(model: str) -> None:
+    """The Python backend fails a request whose model reads an undeclared input or returns an
+    undeclared output; every declared output must be produced for the ensemble's next step."""
+    config = load_bundle(BUNDLE / "manifest.yaml").models[model].config
+    read, produced = _tensor_names(BUNDLE / "repository" / model / "1" / "model.py")
+    assert read and read <= {t.name for t in config.input}
+    assert produced == {t.name for t in config.output}
+
+
+def test_every_listed_source_is_a_file_and_line() -> None:
+    params = load_backend_parameters(PARAMS)
+    assert params.triton_image == load_manifest(BUNDLE / "manifest.yaml").spec.runtime.triton_image
+    for model, spec in params.models.items():
+        for key, p in spec.parameters.items():
+            for src in [p.source] if isinstance(p.source, str) else p.source:
+                assert re.fullmatch(r"[\w./-]+\.(cc|py):\d+(-\d+)?", src), (model, key, src)
+
+
+_REQUIRED_TRT = sorted(k for k, p in load_backend_parameters(PARAMS).models["tensorrt_llm"].parameters.items()
+                       if p.required)
+
+
+@pytest.mark.parametrize("dropped", [set(c) for n in range(1, len(_REQUIRED_TRT) + 1)
+                                     for c in itertools.combinations(_REQUIRED_TRT, n)], ids=str)
+def test_any_missing_required_parameter_is_named(dropped: set[str]) -> None:
+    """Whatever subset of the unguarded parameters is missing (all of them, exhaustively), the error
+    names each of them with the line that reads it, and nothing else is blamed."""
+    import dataclasses
+
+    b = load_bundle(BUNDLE / "manifest.yaml")
+    trt = b.models["tensorrt_llm"]
+    config = model_config_pb2.ModelConfig()
+    config.CopyFrom(trt.config)
+    for key in dropped:
+        del config.parameters[key]
+    models = {**b.models, "tensorrt_llm": dataclasses.replace(trt, config=config)}
+    with pytest.raises(BundleError) as err:
+        check_backend_parameters(b.manifest, b.manifest_path, models, PARAMS)
+    named = set(re.findall(r"'(\w+)' \(read at ", str(err.value)))
+    assert named == dropped
+
+
+def test_an_ensemble_step_must_request_the_outputs_the_backend_insists_on() -> None:
+    import dataclasses
+
+    b = load_bundle(BUNDLE / "manifest.yaml")
+    ens = b.models["ensemble"]
+    config = model_config_pb2.ModelConfig()
+    config.CopyFrom(ens.config)
+    step = next(s for s in config.ensemble_scheduling.step if s.model_name == "tensorrt_llm")
+    del step.output_map["sequence_length"]
+    models = {**b.models, "ensemble": dataclasses.replace(ens, config=config)}
+    with pytest.raises(BundleError, match=r"ensemble/config.pbtxt: step 'tensorrt_llm' does not request output "
+                                          r"'sequence_length'.*model_instance_state.cc:1079-1103"):
+        check_backend_parameters(b.manifest, b.manifest_path, models, PARAMS)
+
+
+# --- reading a backend checkout (controller.backend_source) ---------------------------------------
+
+_CC = """\
+// GetParameter<std::string>("in_a_comment") is not a read
+void f()
+{
+    auto t = model_state_->GetParameter<std::string>("unguarded");
+    try
+    {
+        x = model_state_->GetParameter<bool>("guarded");  // { unbalanced brace in a comment
+    }
+    catch (std::exception const& e)
+    {
+        TLLM_LOG_WARNING("guarded is not set, using } default");
+    }
+    std::string fieldName = "by_variable";
+    try
+    {
+        n = model_state_->GetParameter<SizeType32>(fieldName);
+    }
+    catch (std::exception const& e)
+    {
+    }
+    if (lookahead)
+    {
+        try
+        {
+            w = model_state_->GetParameter<uint32_t>("rethrown");
+        }
+        catch (std::exception const& e)
+        {
+            TLLM_THROW("rethrown is required");
+        }
+    }
+}
+
+template <>
+int32_t ModelState::GetParameter<int32_t>(std::string const& name)
+{
+    return std::stoi(GetParameter<std::string>(name));
+}
+"""
+
+_TEMPLATE = """\
+name: "tensorrt_llm"
+backend: "${triton_backend}"
+max_batch_size: ${triton_max_batch_size}
+dynamic_batching { preferred_batch_size: [ ${triton_max_batch_size} ] }
+input [
+  { name: "input_lengths" data_type: TYPE_INT32 dims: [ 1 ] reshape: { shape: [ ] } },
+  { name: "draft_logits" data_type: ${logits_datatype} dims: [ -1, -1 ] optional: true }
+]
+output [ { name: "output_ids" data_type: TYPE_INT32 dims: [ -1, -1 ] } ]
+parameters: { key: "tokenizer_dir" value: { string_value: "${tokenizer_dir}" } }
+"""
+
+
+def test_backend_source_tells_guarded_from_unguarded_reads(tmp_path: Path) -> None:
+    from controller.backend_source import SOURCE_DIR, TEMPLATE, main, report
+
+    (tmp_path / SOURCE_DIR).mkdir(parents=True)
+    (tmp_path / SOURCE_DIR / "model_instance_state.cc").write_text(_CC)
+    (tmp_path / TEMPLATE).parent.mkdir(parents=True)
+    (tmp_path / TEMPLATE).write_text(_TEMPLATE)
+    r = report(tmp_path)
+    src = f"{SOURCE_DIR}/model_instance_state.cc"
+    assert r["parameters"] == {
+        "unguarded": {"required": True, "kind": "string", "source": [f"{src}:4"]},
+        "guarded": {"required": False, "kind": "bool", "source": [f"{src}:7"]},
+        "by_variable": {"required": False, "kind": "int", "source": [f"{src}:16"]},
+        "rethrown": {"required": False, "kind": "int", "source": [f"{src}:25"], "catch_throws": True},
+    }
+    assert r["inputs"] == {
+        "input_lengths": {"data_type": "TYPE_INT32", "dims": [1], "reshape": [], "optional": False},
+        "draft_logits": {"data_type": "any", "dims": [-1, -1], "optional": True},
+    }
+    assert r["outputs"] == {"output_ids": {"data_type": "TYPE_INT32", "dims": [-1, -1]}}
+    assert main([str(tmp_path)]) == 0
+    assert main([str(tmp_path / "nothing")]) == 2

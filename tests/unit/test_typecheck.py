@@ -16,6 +16,7 @@ CHECKED = [
     "controller/auth.py", "controller/config.py", "controller/runtime.py", "controller/cli.py",
     "controller/demo.py", "controller/analysis.py", "controller/policyfile.py", "controller/metrics.py",
     "controller/logs.py", "controller/docs.py", "controller/protocols.py", "controller/bundle.py",
+    "controller/backend_source.py",
     "providers/sim", "providers/clock.py", "providers/prometheus.py", "providers/triton.py",
     "providers/cost.py", "providers/exporters.py", "controller/sim",
     "providers/cloudpool.py", "providers/kubernetes.py", "providers/aws.py", "providers/gcp.py",
