@@ -21,7 +21,7 @@ Why this module looks the way it does:
   ``Retry`` is replaced by a single try: it repeats 5xx answers and refused connections three
   times with backoff, so a dead Prometheus would cost seconds per query instead of one refusal
   per tick, and a 5xx would end in a ``RetryError`` that no longer carries the status.
-  ``requests`` logs each query at DEBUG only (urllib3's connection log).
+  Each query is logged at DEBUG only (urllib3, under requests).
 
 Reasons are ``"Code: detail"`` strings; ``reason_code(sample)`` returns the code. Codes:
 ``NoData``, ``SeveralSeries``, ``NaN``, ``Inf``, ``Stale``, ``HTTP <status>``, ``Timeout``,
