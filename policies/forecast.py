@@ -285,7 +285,7 @@ class Forecast(PolicyKind):
         if best is None:
             return Recommendation(rule=self.rule, kind=self.name, replicas=None, reason=Reason.METRIC_MISSING.value,
                                   message="; ".join(parts) or "no usable capacity", missing_data=True, state=state)
-        replicas, sub = best
+        replicas, decider = best
         if p.max_replicas is not None and replicas > p.max_replicas:
             parts.append(f"capped at max_replicas {p.max_replicas}")
             replicas = p.max_replicas
@@ -297,6 +297,6 @@ class Forecast(PolicyKind):
         else:
             reason = Reason.BELOW_TARGETS
         return Recommendation(rule=self.rule, kind=self.name, replicas=replicas, reason=reason.value,
-                              message=f"forecast {p.lead_time_s:g}s ahead, {sub} decides {replicas} "
+                              message=f"forecast {p.lead_time_s:g}s ahead, {decider} decides {replicas} "
                                       f"(current {current}): " + "; ".join(parts),
                               missing_data=bool(missing), state=state)

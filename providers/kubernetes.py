@@ -326,7 +326,7 @@ def pod_unschedulable(pod: k8s.V1Pod) -> bool:
 def pod_unschedulable_since(pod: k8s.V1Pod) -> datetime | None:
     """When an unschedulable pod became so: the condition's transition time, else the pod's
     creation time; ``None`` when the pod is not unschedulable or carries neither timestamp."""
-    if not pod_unschedulable(pod):
+    if not pod_unschedulable(pod) or pod.status is None:
         return None
     for c in pod.status.conditions or []:
         if c.type == "PodScheduled" and c.last_transition_time is not None:
@@ -524,6 +524,8 @@ class KubernetesPoolProvider:
         sel = self.node_selector if selector is None else selector
         out = []
         for n in self.cluster.list_nodes(sel, f"nodes of pool {self.pool.name!r}"):
+            if n.metadata is None or not n.metadata.name:
+                continue  # the API always names a node; nothing to act on without one
             out.append(NodeInfo(
                 name=n.metadata.name, ready=node_ready(n), schedulable=node_schedulable(n),
                 gpus_allocatable=node_allocatable_gpus(n, s.gpu_resource),
@@ -588,7 +590,7 @@ class KubernetesPoolProvider:
                 pods_by_node[p.spec.node_name] = pods_by_node.get(p.spec.node_name, 0) + 1
         interrupted = sum(c for n, c in pods_by_node.items() if n in noticed)
         noticed_pods = tuple(sorted(p.metadata.name for p in live
-                                    if p.spec and p.spec.node_name in noticed and p.metadata))
+                                    if p.spec and p.spec.node_name in noticed and p.metadata and p.metadata.name))
 
         # Unschedulable replicas past the timeout mark the whole pool: it lacks capacity for all.
         timeout_s = self.settings.unschedulable_timeout_s + self.pool.provisioning_delay_s
@@ -614,15 +616,15 @@ class KubernetesPoolProvider:
         self._count_notices(notices, now)
 
         spec_r = dep.spec.replicas if dep.spec and dep.spec.replicas is not None else 1
-        status = dep.status
-        reconciled = status is not None and status.observed_generation is not None
+        # The status once the controller has reconciled the Deployment (observedGeneration set).
+        reconciled = dep.status if dep.status is not None and dep.status.observed_generation is not None else None
         obs = PoolObservation(
             model=model.name, pool=self.pool.name, at=now,
             replicas=spec_r,
             # The API omits zero-valued status fields; once the controller has reconciled the
-            # Deployment (observedGeneration set) an absent count means 0, before that: unknown.
-            ready_replicas=(status.ready_replicas or 0) if reconciled else None,
-            unavailable_replicas=(status.unavailable_replicas or 0) if reconciled else None,
+            # Deployment an absent count means 0, before that: unknown.
+            ready_replicas=(reconciled.ready_replicas or 0) if reconciled is not None else None,
+            unavailable_replicas=(reconciled.unavailable_replicas or 0) if reconciled is not None else None,
             selector=selector, nodes=tuple(nodes), pods_by_node=pods_by_node,
             unschedulable_pods=len(stuck_ages), oldest_unschedulable_s=max(stuck_ages) if stuck_ages else None,
             interrupted_replicas=interrupted, notices=notices, namespace=ref.namespace, noticed_pods=noticed_pods)

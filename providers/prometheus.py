@@ -13,9 +13,15 @@ Why this module looks the way it does:
 - **Honest estimates.** When a model exposes only Triton's cumulative duration counters, the
   latency signal is a *mean*, not a p99; the sample carries the value with reason
   ``AverageNotP99`` instead of pretending.
-- **httpx, not prometheus-api-client**: the client raises one generic exception for every non-200
-  answer and gives no hold on timeouts vs refused connections vs bad JSON, which is exactly the
-  distinction the reasons need. httpx also lets tests inject a transport.
+- **prometheus-api-client's** ``PrometheusConnect.custom_query`` issues every query (with
+  Prometheus's own ``timeout`` parameter and a client-side timeout). The client raises one
+  ``PrometheusApiClientException`` carrying a formatted string for every non-200 answer, so the
+  source keeps each response through the ``requests`` session's response hook and classifies
+  from it (status, Prometheus's ``errorType``/``error``, the body). The client's default
+  ``Retry`` is replaced by a single try: it repeats 5xx answers and refused connections three
+  times with backoff, so a dead Prometheus would cost seconds per query instead of one refusal
+  per tick, and a 5xx would end in a ``RetryError`` that no longer carries the status.
+  Each query is logged at DEBUG only (urllib3, under requests).
 
 Reasons are ``"Code: detail"`` strings; ``reason_code(sample)`` returns the code. Codes:
 ``NoData``, ``SeveralSeries``, ``NaN``, ``Inf``, ``Stale``, ``HTTP <status>``, ``Timeout``,
@@ -31,13 +37,16 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from string import Template
 from typing import Any, Iterable, Mapping, Sequence
 
-import httpx
+import requests
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from pydantic import BaseModel, ConfigDict, Field
+from requests.adapters import Retry
 
 from controller.core.model import ModelSignals, ModelSpec, Sample
 
@@ -249,19 +258,27 @@ class PrometheusMetricsSource:
 
     def __init__(self, url: str, queries: PromQueries | None = None, *, timeout_s: float = 2.0,
                  max_sample_age_s: float = 30.0, pool_label: str = "pool", model_label: str = "model",
-                 transport: httpx.BaseTransport | None = None, headers: Mapping[str, str] | None = None) -> None:
+                 session: requests.Session | None = None, headers: Mapping[str, str] | None = None) -> None:
         self.url = url.rstrip("/")
         self.queries = queries or PromQueries()
         self.timeout_s = timeout_s
         self.max_sample_age_s = max_sample_age_s
         self.pool_label = pool_label
         self.model_label = model_label
-        self._client = httpx.Client(timeout=timeout_s, transport=transport, headers=dict(headers or {}))
+        # ``session``: the requests session the client sends through (TLS, proxies, a recording
+        # session in tests); by default one that verifies certificates (see _default_session).
+        self._session = session if session is not None else _default_session()
+        self._session.hooks["response"].append(self._keep_response)
+        self._response: requests.Response | None = None
+        # One try per query (see the module docstring); read=False re-raises a read timeout as
+        # itself, as requests' own default adapter does.
+        self._prom = PrometheusConnect(self.url, headers=dict(headers) if headers else None,
+                                       retry=Retry(total=0, read=False), session=self._session)
         self._logged: dict[tuple[str, str, str], str] = {}
         self.last: Observation | None = None
 
     def close(self) -> None:
-        self._client.close()
+        self._session.close()
 
     def __enter__(self) -> "PrometheusMetricsSource":
         return self
@@ -452,32 +469,35 @@ class PrometheusMetricsSource:
 
     # ---- HTTP
 
+    def _keep_response(self, r: requests.Response, *args: Any, **kwargs: Any) -> None:
+        """The session's response hook: keeps the last answer, which the client's exception
+        describes only as a string."""
+        self._response = r
+
     def _query(self, promql: str) -> _Answer:
+        self._response = None
         try:
-            r = self._client.get(f"{self.url}/api/v1/query",
-                                 params={"query": promql, "timeout": f"{self.timeout_s:g}s"})
-        except httpx.TimeoutException as e:
+            result = self._prom.custom_query(
+                promql, params={"timeout": f"{self.timeout_s:g}s"},
+                timeout=self.timeout_s)  # seconds; requests takes a float
+        except requests.exceptions.JSONDecodeError as e:
+            text = self._response.text if self._response is not None else ""
+            return _Answer(error=f"{Code.INVALID_JSON.value}: {e}; body starts {text[:80]!r}")
+        except PrometheusApiClientException as e:
+            return _Answer(error=_http_error(self._response, e))
+        except requests.Timeout as e:
             return _Answer(error=f"{Code.TIMEOUT.value}: no answer from {self.url} within {self.timeout_s:g}s ({type(e).__name__})")
-        except httpx.ConnectError as e:
-            text = str(e)
+        except requests.ConnectionError as e:
+            # requests wraps urllib3's error ("Max retries exceeded ..."); its reason is the news
+            text = str(getattr(e.args[0], "reason", None) or e) if e.args else str(e)
             code = Code.CONNECTION_REFUSED if "refused" in text.lower() or "111" in text else Code.CONNECTION_ERROR
             return _Answer(error=f"{code.value}: {self.url}: {text}")
-        except httpx.HTTPError as e:
+        except requests.RequestException as e:
             return _Answer(error=f"{Code.CONNECTION_ERROR.value}: {self.url}: {type(e).__name__}: {e}")
-        if r.status_code >= 400:
-            detail = r.text[:300].strip()
-            try:
-                body = r.json()
-                if isinstance(body, dict) and "error" in body:
-                    detail = f"{body.get('errorType', '')}: {body['error']}"[:300]
-            except ValueError:
-                pass
-            return _Answer(error=f"HTTP {r.status_code}: {detail}")
-        try:
-            body = r.json()
-        except ValueError as e:
-            return _Answer(error=f"{Code.INVALID_JSON.value}: {e}; body starts {r.text[:80]!r}")
-        return _parse(body)
+        except (KeyError, TypeError):
+            # a 200 whose JSON lacks data.result: say what the body was
+            return _parse(self._response.json() if self._response is not None else None)
+        return _parse_result(result)
 
     # ---- logging
 
@@ -502,17 +522,52 @@ class PrometheusMetricsSource:
                        "reason": reason, "code": code, "query": query})
 
 
+def _default_session() -> requests.Session:
+    """A session verifying https against certifi's CA bundle, or against the one named by
+    ``SSL_CERT_FILE`` (else ``SSL_CERT_DIR``), OpenSSL's variables, which the source honoured
+    before it used requests; requests' own ``REQUESTS_CA_BUNDLE`` applies when neither is set."""
+    session = requests.Session()
+    ca = os.environ.get("SSL_CERT_FILE") or os.environ.get("SSL_CERT_DIR")
+    if ca:
+        session.verify = ca
+    return session
+
+
+def _http_error(r: requests.Response | None, e: Exception) -> str:
+    """``HTTP <status>: <errorType>: <error>`` from a non-200 answer (Prometheus's JSON error
+    when the body has one, else the body's start)."""
+    if r is None:  # not seen by the hook: only the client's message is left
+        return f"{Code.BAD_RESPONSE.value}: {str(e)[:300]}"
+    detail = r.text[:300].strip()
+    try:
+        body = r.json()
+        if isinstance(body, dict) and "error" in body:
+            detail = f"{body.get('errorType', '')}: {body['error']}"[:300]
+    except ValueError:
+        pass
+    return f"HTTP {r.status_code}: {detail}"
+
+
 def _parse(body: Any) -> _Answer:
+    """A whole ``/api/v1/query`` body (a 200 the client could not take ``data.result`` from)."""
     if not isinstance(body, dict):
         return _Answer(error=f"{Code.BAD_RESPONSE.value}: expected a JSON object, got {type(body).__name__}")
     if body.get("status") != "success":
         return _Answer(error=f"{Code.QUERY_ERROR.value}: status={body.get('status')!r} {body.get('errorType', '')}: {body.get('error', '')}"[:300])
     data = body.get("data")
-    if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
-        rt = data.get("resultType") if isinstance(data, dict) else None
-        return _Answer(error=f"{Code.BAD_RESPONSE.value}: expected data.resultType 'vector' with a result list, got {rt!r}")
+    rt = data.get("resultType") if isinstance(data, dict) else None
+    return _Answer(error=f"{Code.BAD_RESPONSE.value}: expected data.resultType 'vector' with a result list, got {rt!r}")
+
+
+def _parse_result(result: Any) -> _Answer:
+    """``data.result`` of an instant query, which must be a vector: a list of
+    ``{"metric": {...}, "value": [ts, "raw"]}`` (a scalar's ``[ts, "raw"]`` is refused here)."""
+    if not isinstance(result, list) or not all(isinstance(item, dict) for item in result):
+        # a scalar or string result is one [ts, "raw"] pair, not a list of series
+        return _Answer(error=f"{Code.BAD_RESPONSE.value}: expected a vector (a list of series) as data.result,"
+                             f" got {str(result)[:80]}")
     out = _Answer()
-    for item in data["result"]:
+    for item in result:
         try:
             labels = item["metric"]
             ts, raw = item["value"]

@@ -388,7 +388,7 @@ def discover_triton_replicas(cluster: "KubernetesCluster", cfg: "DaemonConfig",
                     for p in pods:
                         ip = p.status.pod_ip if p.status else None
                         gone = p.metadata is not None and p.metadata.deletion_timestamp is not None
-                        if ip and not gone and p.status.phase == "Running":
+                        if ip and not gone and p.status is not None and p.status.phase == "Running":
                             found.append(TritonReplica(f"{ip}:{triton.port}", pool, tm))
             out[m.name] = found
         return out

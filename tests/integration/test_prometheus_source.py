@@ -4,19 +4,26 @@ that answers every malformed way the source must survive."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import math
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-import httpx
 import pytest
+import requests
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from controller.core.model import ModelSignals, ModelSpec, PoolKind, PoolSpec, PoolState, ReplicaCapacity
 from providers.cost import OnPremCost, pool_cost_per_hour_usd
@@ -116,32 +123,34 @@ def test_every_signal_per_model_and_pool_from_real_exporter_text(metrics_lab: Me
     assert isinstance(s, ModelSignals) and s.at <= now()
 
 
-class CountingTransport(httpx.HTTPTransport):
+class CountingSession(requests.Session):
+    """The requests session the source's PrometheusConnect sends through, recording each query."""
+
     def __init__(self) -> None:
         super().__init__()
         self.queries: list[str] = []
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        self.queries.append(request.url.params.get("query", ""))
-        return super().handle_request(request)
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> requests.Response:
+        self.queries.append((kwargs.get("params") or {}).get("query", ""))
+        return super().request(method, url, *args, **kwargs)
 
 
 def test_one_query_per_signal_kind_whatever_the_number_of_models(metrics_lab: MetricsLab) -> None:
     names = [f"count-{i}" for i in range(6)]
     for n in names:
         metrics_lab.triton["onprem"].set_model(n, pending=float(len(n)))
-    transport = CountingTransport()
-    with PrometheusMetricsSource(metrics_lab.prometheus.url, FAST, transport=transport) as src:
+    session = CountingSession()
+    with PrometheusMetricsSource(metrics_lab.prometheus.url, FAST, session=session) as src:
         one = src.observe_detailed([spec(names[0])], now())
-        n_one = len(transport.queries)
+        n_one = len(session.queries)
         poll(lambda: src.observe_detailed([spec(n) for n in names], now()),
              lambda o: all(o.models[n].queue_depth.value is not None for n in names))
-        transport.queries.clear()
+        session.queries.clear()
         many = src.observe_detailed([spec(n) for n in names], now())
     assert n_one == one.queries == 1 + len(SIGNALS) + 1  # freshness + signals + gpu power
-    assert len(transport.queries) == many.queries == n_one
-    assert len(set(transport.queries)) == len(transport.queries)
-    assert all("count-" not in q for q in transport.queries)  # nothing is per model
+    assert len(session.queries) == many.queries == n_one
+    assert len(set(session.queries)) == len(session.queries)
+    assert all("count-" not in q for q in session.queries)  # nothing is per model
 
 
 def test_counters_only_give_a_mean_marked_average_not_p99(metrics_lab: MetricsLab) -> None:
@@ -269,14 +278,20 @@ def test_prometheus_killed_mid_run_is_missing_with_reasons_then_recovers(metrics
 class FakePrometheus:
     """A real HTTP server on 127.0.0.1 whose answer to ``/api/v1/query`` a test sets."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: tuple[Path, Path] | None = None) -> None:
+        """``tls``: (certificate, key) files to serve https with."""
         self.answer: Callable[[str], tuple[int, bytes, float]] = lambda q: (200, b"{}", 0.0)
         self.queries: list[str] = []
+        self.requests: list[tuple[str, dict[str, list[str]], dict[str, str]]] = []
+        """(path, query parameters, headers) of every request, in arrival order."""
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
-                q = parse_qs(urlparse(self.path).query).get("query", [""])[0]
+                url = urlparse(self.path)
+                params = parse_qs(url.query)
+                fake.requests.append((url.path, params, dict(self.headers.items())))
+                q = params.get("query", [""])[0]
                 fake.queries.append(q)
                 status, body, delay_s = fake.answer(q)
                 if delay_s:
@@ -296,12 +311,18 @@ class FakePrometheus:
         self.release = threading.Event()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        self.scheme = "http"
+        if tls is not None:
+            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ctx.load_cert_chain(*tls)
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+            self.scheme = "https"
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return f"{self.scheme}://127.0.0.1:{self.server.server_address[1]}"
 
     def close(self) -> None:
         self.release.set()
@@ -372,6 +393,69 @@ def test_malformed_answer_is_missing_with_reason_and_one_log_line(
             again = src.observe([spec(M, ("onprem",))], now())[M]
         assert reason_code(again.queue_depth) == code
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_queries_go_through_prometheus_connect_once_each_with_params_and_headers(fake_prom: FakePrometheus) -> None:
+    """Every query is prometheus-api-client's custom_query on the session the source was given:
+    the server sees the path, the PromQL, Prometheus's timeout parameter and the caller's bearer
+    token, one request per query (the client's default retries of 5xx answers are off), and the
+    reasons are the source's own."""
+    answers = iter([(500, b"internal error", 0.0), (200, vector(), 5.0), (200, b"<html>login</html>", 0.0)])
+    fake_prom.answer = lambda q: next(answers)
+    session = CountingSession()
+    with PrometheusMetricsSource(fake_prom.url, QUEUE_ONLY, timeout_s=0.3, session=session,
+                                 headers={"Authorization": "Bearer prom-reader"}) as src:
+        codes = []
+        for _ in range(3):
+            started = time.monotonic()
+            codes.append(reason_code(src.observe([spec(M, ("onprem",))], now())[M].queue_depth))
+            assert time.monotonic() - started < 2.0, codes  # no retry with backoff
+    assert codes == ["HTTP 500", "Timeout", "InvalidJSON"]
+    query = QUEUE_ONLY.render("queue_depth", "model", "pool")
+    assert session.queries == [query] * 3
+    assert len(fake_prom.requests) == 3
+    for path, params, headers in fake_prom.requests:
+        assert path == "/api/v1/query"
+        assert params == {"query": [query], "timeout": ["0.3s"]}
+        assert headers["Authorization"] == "Bearer prom-reader"
+        assert headers["User-Agent"].startswith("python-requests/")  # the client's HTTP stack
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 signed by its own key (cryptography comes with google-auth)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "prometheus.test")])
+    start = datetime.now(timezone.utc) - timedelta(minutes=5)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(start)
+            .not_valid_after(start + timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = directory / "prom.crt", directory / "prom.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_file, key_file
+
+
+def test_https_is_verified_against_the_ca_named_by_ssl_cert_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Prometheus behind a private CA: trusted through SSL_CERT_FILE, refused without it."""
+    cert, key = _self_signed(tmp_path)
+    for var in ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(var, raising=False)
+    fake = FakePrometheus(tls=(cert, key))
+    try:
+        fake.answer = lambda q: (200, vector((LBL, time.time(), "3")), 0.0)
+        with PrometheusMetricsSource(fake.url, QUEUE_ONLY) as src:
+            refused = src.observe([spec(M, ("onprem",))], now())[M].queue_depth
+        assert refused.value is None and reason_code(refused) == "ConnectionError"
+        assert "CERTIFICATE_VERIFY_FAILED" in (refused.reason or "")
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        with PrometheusMetricsSource(fake.url, QUEUE_ONLY) as src:
+            assert src.observe([spec(M, ("onprem",))], now())[M].queue_depth.value == 3.0
+    finally:
+        fake.close()
 
 
 def test_connection_refused_is_missing_with_reason() -> None:
