@@ -37,6 +37,7 @@ from controller.config import DaemonConfig
 from controller.core.spec import ScalingPolicy
 from controller.metrics import DaemonMetrics
 from policies.base import Registry
+from tests.rbac import expected as rbac_expected, granted as rbac_granted, load_daemon_calls
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -328,34 +329,54 @@ def test_policy_edits_do_not_restart_the_daemon_but_config_edits_do(
             != base["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
 
 
-def test_rbac_is_least_privilege(renders: dict[str, list[dict[str, Any]]]) -> None:
-    docs = renders["example"]
-    rules: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for d in docs:
-        if d["kind"] in ("Role", "ClusterRole"):
-            rules[(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"])] = d["rules"]
-    flat = [(k, g, r, v) for k, rs in rules.items() for rule in rs
-            for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]]
-    assert not any("*" in (g, r, v) for _, g, r, v in flat)
-    scaler = [(g, r, v) for (kind, ns, _), g, r, v in flat if kind == "Role" and ns == "llm"]
-    assert sorted(scaler) == sorted([
-        ("apps", "deployments", "get"), ("apps", "deployments", "list"), ("apps", "deployments", "watch"),
-        ("apps", "deployments/scale", "get"), ("apps", "deployments/scale", "patch"),
-        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
-    ])
-    cluster = sorted((g, r, v) for (kind, _, _), g, r, v in flat if kind == "ClusterRole")
-    assert cluster == [("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch")]
-    leases = [rule for (kind, ns, name), rs in rules.items() if name.endswith("leader-election") for rule in rs]
-    assert ns_of(docs, "leader-election") == "tidegate"
-    named = [r for r in leases if "resourceNames" in r]
-    assert named and set(named[0]["verbs"]) == {"get", "update", "patch"}
+RBAC_RENDERS = {
+    # render name -> (extra helm args, the namespaces the daemon manages)
+    "default": ([], ["tidegate"]),
+    "example": (EXAMPLE_ARGS, ["llm"]),
+    "all-on": (ALL_ON_ARGS, ["tidegate"]),
+    "two-namespaces": (["--set", "rbac.managedNamespaces={llm,llm-batch}"], ["llm", "llm-batch"]),
+}
+
+
+@pytest.mark.parametrize("render", sorted(RBAC_RENDERS))
+def test_rbac_grants_exactly_what_the_daemon_calls(helm: Path, render: str) -> None:
+    """The Roles grant each permission of the committed record of the daemon's calls
+    (tests/integration/daemon_kube_calls.yaml, kept true by test_daemon_actuation.py) in its scope
+    (managed namespaces, the release namespace, cluster-wide) and nothing else."""
+    args, managed = RBAC_RENDERS[render]
+    docs = _template(helm, *args)
+    calls = load_daemon_calls()
+    want = rbac_expected(calls, release="tidegate", managed=managed)
+    got = rbac_granted(docs)
+    missing, unused = sorted(want - got), sorted(got - want)
+    assert not missing, f"{render}: the daemon makes these calls and the Roles do not grant them: {missing}"
+    assert not unused, f"{render}: the Roles grant what the daemon never calls: {unused}"
+    # pods patch is there: without it the pod-deletion-cost before a spot scale-in is a 403
+    assert ("", "pods", "patch") in {(g, r, v) for ns, g, r, v in got if ns == managed[0]}
+    # the Lease can only be read and renewed under the one name the chart gives it
+    (election,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-leader-election")]
+    for rule in election["rules"]:
+        assert "resourceNames" in rule or rule["verbs"] == ["create"], rule  # create cannot name its object
     bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    roles = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")) for d in docs
+             if d["kind"] in ("Role", "ClusterRole")}
+    bound = {(b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace")) for b in bindings}
+    assert bound == roles
     sa = _one(docs, "ServiceAccount")["metadata"]["name"]
-    assert bindings and all(s["name"] == sa for b in bindings for s in b["subjects"])
+    assert all(s["name"] == sa and s["namespace"] == "tidegate" for b in bindings for s in b["subjects"])
 
 
-def ns_of(docs: list[dict[str, Any]], suffix: str) -> str:
-    return _one(docs, "Role", suffix)["metadata"]["namespace"]
+def test_rbac_check_fails_when_a_recorded_call_is_not_granted(renders: dict[str, list[dict[str, Any]]]) -> None:
+    """The comparison has teeth: the chart as it was (no pods patch, watch and list nobody uses)."""
+    docs = json.loads(json.dumps(renders["default"]))
+    for d in docs:
+        for rule in d.get("rules", []) if d["kind"] == "Role" else []:
+            if rule["resources"] == ["pods"]:
+                rule["verbs"] = ["get", "list", "watch"]
+    want = rbac_expected(load_daemon_calls(), release="tidegate", managed=["tidegate"])
+    got = rbac_granted(docs)
+    assert want - got == {("tidegate", "", "pods", "patch")}
+    assert got - want == {("tidegate", "", "pods", "get"), ("tidegate", "", "pods", "watch")}
 
 
 def test_service_pdb_and_networkpolicy_select_the_daemon(renders: dict[str, list[dict[str, Any]]]) -> None:
