@@ -108,9 +108,9 @@ def cmd_config_validate(args: argparse.Namespace) -> int:
     except ConfigError as e:
         problems = str(e).splitlines()
     if problems:
-        for line in problems:
-            print(line if line.startswith(f"{args.file}:") else f"{args.file}: {line}", file=sys.stderr)
-        return 1
+        found = UserError("\n".join(problems))
+        found.exit_code = 1
+        raise _in_file(args.file, found)
     print(f"{args.file}: ok" + (" (database and Prometheus answer)" if args.connect else ""))
     return 0
 
