@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -125,7 +126,11 @@ def preflight(cfg: DaemonConfig, *, connect: bool = False) -> list[str]:
         if prom is None:
             problems.append("providers.settings.prometheus is missing: providers.type real reads its signals from "
                             "Prometheus; add providers.settings.prometheus.url (e.g. http://prometheus.monitoring:9090)")
-        elif connect:
+        kubeconfig = cfg.providers.settings.kubernetes.kubeconfig
+        if kubeconfig is not None and not Path(kubeconfig).expanduser().is_file():
+            problems.append(f"providers.settings.kubernetes.kubeconfig {kubeconfig} does not exist; "
+                            "point it at a kubeconfig file, or unset it to use KUBECONFIG, ~/.kube/config or the pod's service account")
+        if prom is not None and connect:
             problem = prometheus_problem(prom.url, prom.timeout_s)
             if problem is not None:
                 problems.append(problem)
@@ -139,18 +144,20 @@ def _database_source() -> str:
 def prometheus_problem(url: str, timeout_s: float) -> str | None:
     """Why Prometheus's HTTP API at ``url`` does not answer a query (``vector(1)``); ``None`` when it does."""
     from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
-    from requests import RequestException
+    from requests import JSONDecodeError, RequestException
     from urllib3.util.retry import Retry
 
     where = f"Prometheus at {url} (providers.settings.prometheus.url)"
     try:
         PrometheusConnect(url, retry=Retry(total=0), timeout=timeout_s).custom_query("vector(1)")  # type: ignore[arg-type]
-    except PrometheusApiClientException as e:
-        return f"{where} answered the query vector(1) with an error ({_first_line(e)}); check that url is Prometheus's HTTP API"
+    except PrometheusApiClientException as e:  # its text carries the whole response body: keep the status
+        status = re.search(r"HTTP Status Code \d+", str(e))
+        return (f"{where} answered the query vector(1) with {status.group(0) if status else _first_line(e)}; "
+                "check that url is Prometheus's HTTP API (e.g. http://prometheus.monitoring:9090)")
+    except (JSONDecodeError, KeyError, TypeError) as e:  # an answer, but not Prometheus's JSON
+        return f"{where} did not answer as Prometheus does ({_first_line(e)}); check that url is Prometheus's HTTP API"
     except RequestException as e:
         return f"{where} cannot be reached ({_os_reason(e)}); start it or fix providers.settings.prometheus.url"
-    except ValueError as e:  # an answer that is not Prometheus's JSON
-        return f"{where} did not answer as Prometheus does ({_first_line(e)}); check that url is Prometheus's HTTP API"
     return None
 
 
@@ -256,6 +263,8 @@ def build_runtime(cfg: DaemonConfig, *, clock: Clock | None = None, dry_run: boo
                         metrics=metrics)
         extras["sim"] = sim
     else:
+        from kubernetes.config import ConfigException
+
         from providers.real import build_real_providers
 
         from providers.clock import SystemClock
@@ -266,6 +275,10 @@ def build_runtime(cfg: DaemonConfig, *, clock: Clock | None = None, dry_run: boo
         except ValueError as e:  # settings that cannot run (documented by build_real_providers)
             repo.close()
             raise ConfigError(str(e)) from e
+        except ConfigException as e:  # no kubeconfig, no in-cluster service account
+            repo.close()
+            raise ConfigError(f"providers.settings.kubernetes: cannot load credentials for the cluster ({_first_line(e)}); "
+                              "set providers.settings.kubernetes.kubeconfig (and context) or host, or run in a cluster") from e
         daemon = Daemon(cfg, clock=clock, metrics_source=real.metrics, pool_providers=real.pools,
                         price_source=real.prices, repo=repo, registry=registry, dry_run=dry_run,
                         metrics=metrics, is_leader=real.is_leader)

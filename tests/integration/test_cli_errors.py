@@ -151,6 +151,21 @@ def test_real_providers_without_a_prometheus_section(tmp_path: Path, command: st
     one_error(tidegate(*args), str(cfg), "providers.settings.prometheus", "add providers.settings.prometheus.url")
 
 
+def test_real_providers_without_cluster_credentials(tmp_path: Path) -> None:
+    missing = tmp_path / "kubeconfig"
+    cfg = real_config(tmp_path, {"url": "http://127.0.0.1:9"})
+    raw = yaml.safe_load(cfg.read_text())
+    raw["providers"]["settings"]["kubernetes"] = {"kubeconfig": str(missing)}
+    named = tmp_path / "named-kubeconfig.yaml"
+    named.write_text(yaml.safe_dump(raw))
+    for args in (("run", "--config", str(named)), ("config", "validate", str(named))):
+        one_error(tidegate(*args), str(named), f"providers.settings.kubernetes.kubeconfig {missing}", "does not exist")
+    del raw["providers"]["settings"]["kubernetes"]  # none named, none in the environment either
+    cfg.write_text(yaml.safe_dump(raw))
+    one_error(tidegate("run", "--config", str(cfg), env={"KUBECONFIG": str(missing), "HOME": str(tmp_path)}),
+              str(cfg), "providers.settings.kubernetes", "cannot load credentials", "kubeconfig")
+
+
 def test_missing_policies_directory_refuses_to_start(tmp_path: Path) -> None:
     """`run` used to start and fail every tick forever: it must stop at once with the reason."""
     missing = tmp_path / "policies"
