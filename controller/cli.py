@@ -101,10 +101,11 @@ def cmd_policy_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_config_validate(args: argparse.Namespace) -> int:
-    from controller.runtime import ConfigError, load_config, preflight
+    from controller.runtime import ConfigError, load_config, policy_problems, preflight
 
     try:
-        problems = preflight(load_config(Path(args.file)), connect=args.connect)
+        cfg = load_config(Path(args.file))
+        problems = preflight(cfg, connect=args.connect) + policy_problems(cfg)
     except ConfigError as e:
         problems = str(e).splitlines()
     if problems:

@@ -137,6 +137,24 @@ def preflight(cfg: DaemonConfig, *, connect: bool = False) -> list[str]:
     return problems
 
 
+def policy_problems(cfg: DaemonConfig, registry: Registry | None = None) -> list[str]:
+    """The policies ``run`` would load from ``policies_dir``: each rejected file's problems and each
+    model left without a valid policy (the daemon starts, but cannot decide for that model until a
+    valid one appears). For ``tidegate config validate``; ``run`` itself starts regardless."""
+    if not cfg.policies_dir.is_dir():
+        return []  # preflight says so
+    from controller.policyfile import PolicyStore
+
+    store = PolicyStore(registry or Registry.from_entry_points(), known_models={m.name for m in cfg.models})
+    report = store.reload(cfg.policies_dir)
+    problems = [str(e) for e in report.errors]
+    in_force = store.policies()
+    problems += [f"model {m.name!r} has no valid ScalingPolicy in policies_dir {cfg.policies_dir}: the daemon would "
+                 f"not decide for it; add a policy file with spec.model: {m.name} (`tidegate policy validate FILE` checks it)"
+                 for m in cfg.models if m.name not in in_force]
+    return problems
+
+
 def _database_source() -> str:
     return "TIDEGATE_DATABASE_URL" if os.environ.get("TIDEGATE_DATABASE_URL") else "database.url"
 

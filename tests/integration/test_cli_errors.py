@@ -174,6 +174,20 @@ def test_missing_policies_directory_refuses_to_start(tmp_path: Path) -> None:
     one_error(tidegate("config", "validate", str(cfg)), str(cfg), f"policies_dir {missing}", "does not exist")
 
 
+def test_config_validate_checks_the_policies_run_would_load(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    one_error(tidegate("config", "validate", str(write_config(tmp_path, policies_dir=str(empty)))),
+              "'llama3-70b-fp8' has no valid ScalingPolicy", str(empty))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    policy = (demo_config_path().parent / "policies" / "llama3-70b-fp8.yaml").read_text()
+    (bad / "p.yaml").write_text(policy.replace("max_replicas:", "max_replicaz:"))
+    r = tidegate("config", "validate", str(write_config(tmp_path, policies_dir=str(bad))))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"{bad / 'p.yaml'}:" in r.stderr and "max_replicaz" in r.stderr, r.stderr
+
+
 def test_missing_token_file(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, api={"port": 0, "admin_tokens": {"file": str(tmp_path / "admin.tokens")}})
     one_error(tidegate("run", "--config", str(cfg)), "api.admin_tokens.file", str(tmp_path / "admin.tokens"))
