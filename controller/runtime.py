@@ -17,7 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from controller.auth import TokenAuth
-from controller.config import DaemonConfig, SimulatedProviders
+from controller.config import DaemonConfig, RealProviders, SimulatedProviders
 from controller.daemon import Daemon
 from controller.db.migrate import upgrade
 from controller.db.repo import Repository
@@ -110,43 +110,57 @@ class Runtime:
             self.server.should_exit = True
             if self.thread is not None:
                 self.thread.join(timeout=10)
+        if self.daemon.elector is not None:
+            self.daemon.elector.release()  # hand leadership over at once, not after the lease runs out
         real = self.extras.get("real")
         if real is not None:
-            real.close()  # hands leadership over at once instead of after the lease runs out
+            real.close()
         if close_repo:
             self.daemon.repo.close()
 
 
 def build_runtime(cfg: DaemonConfig, *, clock: Clock | None = None, dry_run: bool | None = None,
-                  registry: Registry | None = None, environ: dict[str, str] | None = None) -> Runtime:
-    """Migrate the database, build providers from the config and the daemon around them."""
+                  registry: Registry | None = None, environ: dict[str, str] | None = None,
+                  election_clock: Clock | None = None) -> Runtime:
+    """Migrate the database, build providers from the config and the daemon around them.
+
+    ``clock`` is the daemon's (default: the wall clock, or the accelerated one of the simulated
+    providers). ``election_clock`` is the Lease's: the wall clock by default, never the
+    accelerated one, because the Lease's times are compared across processes; tests that drive
+    ``clock`` by hand pass the same one here to control expiry too."""
     upgrade(cfg.database.url)
     repo = Repository(cfg.database.url)
     registry = registry or Registry.from_entry_points()
     metrics = DaemonMetrics()
     extras: dict[str, Any] = {}
+    from providers.clock import SystemClock
+    from providers.leader import build_elector
+    from providers.real import KubernetesConnection
+
+    kube = cfg.providers.settings.kubernetes if isinstance(cfg.providers, RealProviders) else KubernetesConnection()
     if isinstance(cfg.providers, SimulatedProviders):
         from providers.clock import AcceleratedClock
         from providers.sim import build_simulated_providers
 
         clock = clock or AcceleratedClock(cfg.providers.speedup)
         sim = build_simulated_providers(cfg, clock)
-        daemon = Daemon(cfg, clock=clock, metrics_source=sim.metrics, pool_providers=sim.pools,
-                        price_source=sim.prices, repo=repo, registry=registry, dry_run=dry_run,
-                        metrics=metrics)
+        sources: tuple[Any, Any, Any] = (sim.metrics, sim.pools, sim.prices)
         extras["sim"] = sim
+        api_client = kube.api_client
     else:
         from providers.real import build_real_providers
 
-        from providers.clock import SystemClock
-
         clock = clock or SystemClock()
         real = build_real_providers(cfg, clock, dry_run=dry_run)
-        daemon = Daemon(cfg, clock=clock, metrics_source=real.metrics, pool_providers=real.pools,
-                        price_source=real.prices, repo=repo, registry=registry, dry_run=dry_run,
-                        metrics=metrics, is_leader=real.is_leader)
-        for func, seconds, job_id in real.jobs:  # e.g. the spot price refresh; run from daemon.start()
-            daemon.add_job(func, seconds, job_id)
+        sources = (real.metrics, real.pools, real.prices)
         extras["real"] = real
+        api_client = lambda: real.api_client  # noqa: E731 - one client for the pools and the Lease
+    elector = build_elector(cfg.leader_election, database_url=cfg.database.url, api_client=api_client,
+                            clock=election_clock or SystemClock(), environ=environ)
+    daemon = Daemon(cfg, clock=clock, metrics_source=sources[0], pool_providers=sources[1],
+                    price_source=sources[2], repo=repo, registry=registry, dry_run=dry_run,
+                    metrics=metrics, elector=elector)
+    for func, seconds, job_id in getattr(extras.get("real"), "jobs", ()):  # e.g. the spot price refresh
+        daemon.add_job(func, seconds, job_id)  # run from daemon.start()
     auth = TokenAuth.from_config(cfg.api, environ)
     return Runtime(daemon=daemon, auth=auth, extras=extras)
