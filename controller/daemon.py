@@ -294,6 +294,8 @@ class Daemon:
     def _note(self, component: str, error: str | None, now: datetime, *, critical: bool = False) -> None:
         """Record a component's outcome. ``critical`` components (the leader lock, the database)
         decide readiness: their failure and recovery are logged here, at WARNING and INFO."""
+        if error is not None:
+            error = " ".join(error.split())  # libpq's messages span lines; logs and probes want one
         with self._state_lock:
             h = self.health.setdefault(component, Health())
             was_ok, old = h.ok, h.last_error
@@ -541,8 +543,7 @@ class Daemon:
         try:
             self.repo.ping()
         except Exception as e:  # noqa: BLE001 - any failure to answer is the reason shown
-            first = (str(e).strip().splitlines() or [""])[0]
-            return f"{type(e).__name__}: {first}"
+            return f"{type(e).__name__}: {getattr(e, 'orig', None) or e}"  # the driver's words, not SQLAlchemy's wrapping
         return None
 
     def status(self) -> dict[str, Any]:
