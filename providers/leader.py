@@ -58,7 +58,7 @@ class LeaderElectionSettings(BaseModel):
     identity: str | None = Field(None, description="This daemon's identity in the election. Unset: $POD_NAME when set (the chart sets it), else host/pid.")
     lease_namespace: str | None = Field(None, description="Namespace of the Lease. Unset: the pod's own namespace (its service account's), else default. The Helm chart sets the release namespace.")
     lease_duration_s: int = Field(15, ge=1, description="A Lease not renewed for this long may be taken over by another daemon, and its holder stops acting, seconds (client-go's leaseDuration).")
-    retry_period_s: float = Field(2.0, gt=0, description="Least wall time between two Lease requests of one daemon (renewal by the leader, takeover attempts by the others), seconds (client-go's retryPeriod); ticks in between reuse the last answer. A follower takes over at most lease_duration_s + retry_period_s after the leader's last renewal.")
+    retry_period_s: float = Field(2.0, gt=0, description="Least wall time between two Lease requests of one daemon (renewal by the leader, takeover attempts by the others), seconds (client-go's retryPeriod); ticks in between reuse the last answer. A follower takes over at its first tick once lease_duration_s has passed since the leader's last renewal (later by up to retry_period_s).")
     connect_timeout_s: float = Field(3.0, gt=0, description="Timeout of the advisory lock's own PostgreSQL connection, seconds.")
 
     @model_validator(mode="after")
