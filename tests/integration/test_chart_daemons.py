@@ -275,7 +275,8 @@ def test_default_chart_two_pods_one_acts_and_the_other_takes_over_within_the_lea
     wait_for("the standby takes over and scales", lambda: replicas() == 1, budget_s)
     took_s = time.monotonic() - t_kill
     assert leases.read_namespaced_lease(lease_name, ns).spec.holder_identity == follower.name
-    assert [r for r in follower.log_records() if r.get("msg") == "decision"]
+    wait_for("the new leader logs its decision",  # written just after the scale call returns
+             lambda: [r for r in follower.log_records() if r.get("msg") == "decision"], 5)
     # it waited for the lease to run out: the dead leader's Lease was never released
     assert took_s >= lease_s - interval_s - 1, took_s
 
