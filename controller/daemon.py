@@ -118,6 +118,7 @@ class Daemon:
         self.policy_store = PolicyStore(registry, known_models=set(self.models))
 
         self._tick_lock = threading.Lock()
+        self._ping_lock = threading.Lock()
         self._state_lock = threading.RLock()
         self.paused = False
         self.histories: dict[str, History] = {}
@@ -495,7 +496,13 @@ class Daemon:
         clock, the one the tick schedule runs on. ``reasons`` says why not; ``providers`` holds
         each component's last error and when (daemon clock)."""
         now = self.clock.now()
-        self._note("database", self._database_error(), now, critical=True)
+        # one ping at a time: probes that arrive while one hangs (a database host that went
+        # silent) answer from its last outcome instead of piling up threads behind it
+        if self._ping_lock.acquire(blocking=False):
+            try:
+                self._note("database", self._database_error(), now, critical=True)
+            finally:
+                self._ping_lock.release()
         with self._state_lock:
             last = self.last_success_at
             detail: dict[str, Any] = {
