@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.core.model import ModelSpec, PoolKind, PoolSpec, ReplicaCapacity
+from providers.leader import LeaderElectionSettings
 from providers.real import RealSettings  # the real providers' settings schema (imports no client library)
 
 
@@ -156,7 +157,7 @@ class SimulatedProviders(_Strict):
 
 class RealProviders(_Strict):
     type: Literal["real"] = Field("real", description="Prometheus, Triton, Kubernetes, AWS and GCP.")
-    settings: RealSettings = Field(default_factory=RealSettings, description="Provider settings: Prometheus, the Triton fallback, Kubernetes, AWS, GCP, cloud capacity and leader election (see providers.real).")
+    settings: RealSettings = Field(default_factory=RealSettings, description="Provider settings: Prometheus, the Triton fallback, Kubernetes, AWS, GCP and cloud capacity (see providers.real).")
 
 
 class OnPremCostConfig(_Strict):
@@ -177,6 +178,7 @@ class DaemonConfig(_Strict):
     api: ApiConfig = Field(default_factory=ApiConfig, description="The admin REST API and /metrics.")
     loop: LoopConfig = Field(default_factory=LoopConfig, description="Tick and reload intervals, backoff.")
     providers: SimulatedProviders | RealProviders = Field(default_factory=SimulatedProviders, discriminator="type", description="Where signals come from and where actions go: `simulated` (the demo's fleet) or `real`.")
+    leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings, description="Leader election between daemon replicas (simulated and real providers alike): which backend, the Lease's name and namespace, its timing.")
     onprem_cost: OnPremCostConfig | None = Field(None, description="On-prem capital and energy pricing for cost per token; unset: on-prem nodes cost their static price_per_node_hour_usd.")
     pools: list[PoolConfig] = Field(min_length=1, description="Where replicas can run.")
     models: list[ModelConfig] = Field(min_length=1, description="The model bundles served, each with one Deployment per pool.")
@@ -198,6 +200,9 @@ class DaemonConfig(_Strict):
                 {p.name: p.kind.value for p in self.pools}, {m.name: list(m.deployments) for m in self.models})
             if problems:
                 raise ValueError("; ".join(problems))
+        election_problem = self.leader_election.problem_with(self.database.url)
+        if election_problem:
+            raise ValueError(election_problem)
         mnames = [m.name for m in self.models]
         mdup = {n for n in mnames if mnames.count(n) > 1}
         if mdup:
