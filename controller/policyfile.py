@@ -205,7 +205,7 @@ class _BoundedLoader(yaml.SafeLoader):  # type: ignore[misc, unused-ignore]
         self._depth = 0
         self._nodes = 0
         self._aliases = 0
-        self._sizes: dict[int, tuple[yaml.Node, int]] = {}
+        self._sizes: dict[int, tuple[Any, int]] = {}
         """id(anchored node) -> (the node, kept alive so its id stays unique; its expanded size)."""
 
     def _count(self, n: int, mark: Any) -> None:
