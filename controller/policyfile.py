@@ -409,10 +409,11 @@ def parse_policy_text(file: str, text: str, registry: Registry,
     models: set[str] = set()
     error_models: set[str] = set()
     opaque = False
-    loader = _BoundedLoader(text, limits)
+    loader: _BoundedLoader | None = None
     index = 0
     doc_line: int | None = None
     try:
+        loader = _BoundedLoader(text, limits)  # checks the characters: may raise ReaderError
         while loader.check_node():
             node = loader.get_node()
             if node is None:  # pragma: no cover - check_node said there is one
@@ -447,7 +448,8 @@ def parse_policy_text(file: str, text: str, registry: Registry,
                                   f"{type(e).__name__}: {_clip(str(e), 200)}"))
         opaque = True
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if index == 0 and not errors:
         errors.append(PolicyError(file, 1, "", "the file holds no YAML document"))
         opaque = True
