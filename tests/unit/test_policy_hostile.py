@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import textwrap
 import threading
 import tracemalloc
 from pathlib import Path
@@ -31,6 +30,8 @@ from controller.policyfile import (
 )
 from policies.base import PolicyContext, PolicyKind, Registry, StrictParams
 from policies.slo_guard import SloGuard
+from tests.unit.hostile_files import SECRET, configmap_mount, laughs
+from tests.unit.test_policyfile import policy
 
 MODEL = "llama3-70b-fp8"
 
@@ -40,26 +41,22 @@ def registry() -> Registry:
     return Registry.from_entry_points()
 
 
-def policy(name: str = "p1", model: str = MODEL, body: str = "") -> str:
-    """A valid document; ``body`` (spec keys) is appended to the spec."""
-    return (f"apiVersion: tidegate/v1\nkind: ScalingPolicy\nmetadata:\n  name: {name}\n"
-            f"spec:\n  model: {model}\n" + textwrap.indent(textwrap.dedent(body), "  "))
-
-
-def laughs(levels: int, width: int = 10) -> str:
-    """A "billion laughs" document: each level is ``width`` aliases of the one before, so the
-    last one stands for ``width ** levels`` strings."""
-    lines = [f"l0: &l0 [{', '.join(['lol'] * width)}]"]
-    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
-    return "\n".join(lines) + "\n"
-
-
 def only_error(path: Path, registry: Registry, limits: PolicyLimits = PolicyLimits()) -> PolicyError:
     result = load_policy_files([path], registry, limits=limits)
     assert result.policies == {}
     (err,) = result.errors
     assert str(err).startswith(f"{path}:"), str(err)  # the file is named
     return err
+
+
+def only_error_and_peak(path: Path, registry: Registry) -> tuple[PolicyError, int]:
+    """``only_error``, and the peak of Python memory allocated meanwhile, bytes."""
+    tracemalloc.start()
+    try:
+        err = only_error(path, registry)
+        return err, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 # --- limits: each refused with one clear error naming the file ---------------------------------------
@@ -89,12 +86,7 @@ def test_the_classic_billion_laughs_costs_little(tmp_path: Path, registry: Regis
     f = tmp_path / "lol.yaml"
     f.write_text(laughs(9, 9))  # 9 ** 9 = 387,420,489 strings in under 500 bytes
     assert f.stat().st_size < 500
-    tracemalloc.start()
-    try:
-        err = only_error(f, registry)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    err, peak = only_error_and_peak(f, registry)
     assert "more than 100000 YAML nodes" in err.message
     assert peak < 20 * 2**20, f"peak {peak} bytes"
 
@@ -104,12 +96,7 @@ def test_a_file_over_the_size_limit_is_refused_after_a_bounded_read(tmp_path: Pa
     with f.open("w") as out:  # 3 MiB of comments, then a valid policy
         line = "# " + "x" * 1021 + "\n"
         out.write(line * 3 * 1024 + policy())
-    tracemalloc.start()
-    try:
-        err = only_error(f, registry)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    err, peak = only_error_and_peak(f, registry)
     assert err.message == (f"refused: the file is {f.stat().st_size} bytes, over the limit of 1048576 bytes "
                            "(policy_max_file_bytes in the daemon config); split it into smaller files")
     assert peak < 3 * 2**20, f"peak {peak} bytes: the whole file was read"
@@ -185,17 +172,6 @@ def test_absurd_numbers_are_rejected_with_a_clear_message(tmp_path: Path, regist
 
 # --- reading only inside the policies directory --------------------------------------------------------
 
-def configmap_mount(d: Path, files: dict[str, str]) -> None:
-    """The layout the kubelet gives a mounted ConfigMap: ``name -> ..data/name``,
-    ``..data -> ..2026_11_23_22_30_00.123456789``, the files in the timestamped directory."""
-    stamp = d / "..2026_11_23_22_30_00.123456789"
-    stamp.mkdir(parents=True)
-    for name, text in files.items():
-        (stamp / name).write_text(text)
-        (d / name).symlink_to(Path("..data") / name)
-    (d / "..data").symlink_to(stamp.name)
-
-
 def test_a_configmap_mount_loads(tmp_path: Path, registry: Registry) -> None:
     d = tmp_path / "policies"
     configmap_mount(d, {"llama.yaml": policy("llama"), "mistral.yaml": policy("mistral", model="mistral-7b-int8")})
@@ -204,9 +180,6 @@ def test_a_configmap_mount_loads(tmp_path: Path, registry: Registry) -> None:
     assert report.ok, report.errors
     assert set(store.policies()) == {MODEL, "mistral-7b-int8"}
     assert store.policies()[MODEL].sources == (str(d / "llama.yaml"),)
-
-
-SECRET = "aws_secret_access_key: wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 
 
 @pytest.mark.parametrize("target_text", [SECRET + "\n", "kind: [" + SECRET + "\n", policy() + SECRET + "\n"])
