@@ -81,7 +81,7 @@ class PolicyLimits:
     more is read to tell that a file is too large."""
     max_depth: int = 64
     """Deepest nesting of mappings and sequences."""
-    max_nodes: int = 100_000
+    max_nodes: int = 20_000
     """Most YAML nodes in one file, an alias counting as the nodes it stands for: what anything
     walking the loaded data (validation, the line map, the canonical dump) would visit."""
     max_aliases: int = 1_000
@@ -194,14 +194,33 @@ class _LimitExceeded(Exception):
         self.line: int | None = None if mark is None else mark.line + 1
 
 
-class _BoundedLoader(yaml.SafeLoader):  # type: ignore[misc, unused-ignore]
+# libyaml's event parser when PyYAML was built with it (the usual wheel), else PyYAML's own: the
+# composer below stays PyYAML's Python one either way, so that every node passes through it.
+_EventParser: Any
+try:
+    from yaml.cyaml import CParser as _EventParser  # type: ignore[attr-defined, import-untyped, unused-ignore]
+except ImportError:  # pragma: no cover - a PyYAML built without libyaml
+    _EventParser = type("_PyEventParser", (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser), {})
+_LIBYAML = _EventParser.__name__ == "CParser"
+
+
+class _BoundedLoader(yaml.composer.Composer, _EventParser, yaml.constructor.SafeConstructor,  # type: ignore[misc, unused-ignore]
+                     yaml.resolver.Resolver):
     """PyYAML's safe loader, counting as it composes: nesting depth, alias references, and nodes
     with each alias counted at the size of the node it points to. It stops at the first limit
     passed, before anything walks the (possibly exponential) expanded data. A recursive alias
     (a node that contains an alias to itself) is refused: nothing downstream expects a cycle."""
 
     def __init__(self, text: str, limits: PolicyLimits) -> None:
-        super().__init__(text)
+        if _LIBYAML:
+            _EventParser.__init__(self, text)
+        else:
+            yaml.reader.Reader.__init__(self, text)
+            yaml.scanner.Scanner.__init__(self)
+            yaml.parser.Parser.__init__(self)
+        yaml.composer.Composer.__init__(self)
+        yaml.constructor.SafeConstructor.__init__(self)
+        yaml.resolver.Resolver.__init__(self)
         self._limits = limits
         self._depth = 0
         self._nodes = 0
@@ -440,7 +459,7 @@ def parse_policy_text(file: str, text: str, registry: Registry,
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         problem = getattr(e, "problem", None) or str(e)
         context = getattr(e, "context", None)
-        detail = f"{context}, {problem}" if context else str(problem)
+        detail = " ".join((f"{context}, {problem}" if context else str(problem)).split())  # one line
         errors.append(PolicyError(file, None if mark is None else mark.line + 1, "",
                                   f"YAML syntax error: {detail}"))
         opaque = True
