@@ -185,3 +185,13 @@ def test_reloads_racing_the_api_and_ticks_never_raise(make_harness, tmp_path: Pa
         t.join(30)
     assert failures == []
     assert h.daemon.policy_store.get("llama3-70b-fp8") is not None
+
+
+def test_the_daemon_config_sets_the_size_limit(make_harness, tmp_path: Path) -> None:
+    padded = DEFAULT_POLICY + "# padding\n" * 300  # about 3.5 KiB: fine under the default 1 MiB
+    h = make_harness(tmp_path, policy=padded, config_updates={"policy_max_file_bytes": 2048})
+    status = h.daemon.policy_store.status()
+    (err,) = status["errors"]
+    assert err["file"] == str(h.policies_dir / "policy.yaml")
+    assert err["message"].startswith(f"refused: the file is {len(padded.encode())} bytes, over the limit of 2048 bytes")
+    assert status["models"] == {}
