@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.core.model import ModelSpec, PoolKind, PoolSpec, ReplicaCapacity
+from controller.policyfile import PolicyLimits
 from providers.leader import LeaderElectionSettings
 from providers.real import RealSettings  # the real providers' settings schema (imports no client library)
 
@@ -169,10 +170,15 @@ class OnPremCostConfig(_Strict):
     assumed_gpu_power_kw: float | None = Field(None, gt=0, description="kW per GPU to assume while DCGM's power reading is missing; unset: cost per token is then missing.")
 
 
+_POLICY_FILE_CEILING_BYTES = 64 << 20
+"""Highest policy_max_file_bytes accepted: policy files are small, and each is read whole."""
+
+
 class DaemonConfig(_Strict):
     apiVersion: Literal["tidegate/v1"] = Field("tidegate/v1", description="Format version.")
     kind: Literal["DaemonConfig"] = Field("DaemonConfig", description="Document kind.")
     policies_dir: Path = Field(Path("policies"), description="Directory of ScalingPolicy YAML files, watched for changes (relative paths are relative to the config file).")
+    policy_max_file_bytes: int = Field(PolicyLimits().max_file_bytes, ge=1024, le=_POLICY_FILE_CEILING_BYTES, description=f"Largest policy file read, bytes (at most {_POLICY_FILE_CEILING_BYTES}): a larger file is refused with an error naming it, after reading one byte more than this.")
     dry_run: bool = Field(False, description="Decide and record, never call a provider to act.")
     database: DatabaseConfig = Field(default_factory=DatabaseConfig, description="The decision log (env TIDEGATE_DATABASE_URL overrides database.url).")
     api: ApiConfig = Field(default_factory=ApiConfig, description="The admin REST API and /metrics.")

@@ -38,7 +38,7 @@ from controller.core.reasons import Reason
 from controller.db.repo import Repository
 from controller.logs import log
 from controller.metrics import DaemonMetrics
-from controller.policyfile import PolicyStore
+from controller.policyfile import PolicyLimits, PolicyStore
 from controller.protocols import Clock, LeaderElector, MetricsSource, PoolProvider, PriceSource, ProviderError
 from policies.base import Registry
 
@@ -115,7 +115,8 @@ class Daemon:
         self.models: dict[str, ModelSpec] = config.model_specs()
         self.pools: dict[str, PoolSpec] = config.pool_specs()
         self.policies_dir = policies_dir or config.policies_dir
-        self.policy_store = PolicyStore(registry, known_models=set(self.models))
+        self.policy_store = PolicyStore(registry, known_models=set(self.models),
+                                        limits=PolicyLimits(max_file_bytes=config.policy_max_file_bytes))
 
         self._tick_lock = threading.Lock()
         self._ping_lock = threading.Lock()
