@@ -83,7 +83,7 @@ def test_422_names_the_bad_field(served: tuple[Harness, httpx.Client], body, fie
     r = c.post("/v1/overrides", headers=_h(ADMIN), json=body)
     assert r.status_code == 422, r.text
     if field is not None:
-        assert any(field in [str(x) for x in e["loc"]] for e in r.json()["detail"]), r.json()
+        assert any(field in [str(x) for x in e["loc"]] for e in r.json()["errors"]), r.json()
 
 
 def test_pin_with_ttl_applies_then_expires_by_itself(served: tuple[Harness, httpx.Client]) -> None:
