@@ -31,7 +31,7 @@ from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -144,6 +144,7 @@ class Problem(BaseModel):
 
 
 _WHEN = {
+    400: "Body that is not UTF-8 JSON.",
     401: "No valid bearer token (checked before the body is read).",
     403: "A viewer token on a write: writes need an admin token.",
     404: "No such id.",
@@ -298,7 +299,9 @@ def create_app(daemon: "Daemon", auth: TokenAuth, api: ApiConfig | None = None) 
         ready, detail = daemon.readiness()
         return JSONResponse({"ready": ready, **detail}, status_code=200 if ready else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse,
+             responses={200: {"description": "Prometheus text exposition format.",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}}})
     def metrics() -> Response:
         return Response(daemon.metrics.render(), media_type=CONTENT_TYPE)
 
@@ -342,7 +345,7 @@ def create_app(daemon: "Daemon", auth: TokenAuth, api: ApiConfig | None = None) 
     def overrides(_: Viewer, include_inactive: bool = False) -> dict[str, Any]:
         return {"items": daemon.repo.list_overrides(include_inactive=include_inactive, now=daemon.clock.now())}
 
-    @app.post("/v1/overrides", status_code=201, responses=_problems(401, 403, 413, 422))
+    @app.post("/v1/overrides", status_code=201, responses=_problems(400, 401, 403, 413, 422))
     def create_override(body: OverrideIn, who: Admin) -> dict[str, Any]:
         if body.model not in daemon.models:
             raise _unprocessable(["body", "model"], f"unknown model {body.model!r} (known: {sorted(daemon.models)})")
@@ -376,12 +379,12 @@ def create_app(daemon: "Daemon", auth: TokenAuth, api: ApiConfig | None = None) 
             daemon.repo.audit(who.name, "override.delete", f"override/{override_id}", {}, now)
         return Response(status_code=204)
 
-    @app.post("/v1/pause", responses=_problems(401, 403, 413, 422))
+    @app.post("/v1/pause", responses=_problems(400, 401, 403, 413, 422))
     def pause(who: Admin, body: ControlIn | None = None) -> dict[str, Any]:
         daemon.pause(who.name, body.reason if body else "")
         return {"paused": True}
 
-    @app.post("/v1/resume", responses=_problems(401, 403, 413, 422))
+    @app.post("/v1/resume", responses=_problems(400, 401, 403, 413, 422))
     def resume(who: Admin, body: ControlIn | None = None) -> dict[str, Any]:
         daemon.resume(who.name, body.reason if body else "")
         return {"paused": False}

@@ -9,9 +9,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from controller.auth import TokenAuth
-from controller.runtime import Runtime
-from tests.integration.daemon_harness import Harness, build_harness
+from tests.integration.daemon_harness import Harness, build_harness, serving
 
 ADMIN = "s3cret-admin"
 VIEWER = "s3cret-viewer"
@@ -21,15 +19,9 @@ MODEL = "llama3-70b-fp8"
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[Harness, httpx.Client]]:
     h = build_harness(tmp_path)
-    auth = TokenAuth.from_config(h.config.api, {"TIDEGATE_ADMIN_TOKENS": f"alice:{ADMIN}",
-                                                "TIDEGATE_VIEWER_TOKENS": f"victor:{VIEWER}"})
-    rt = Runtime(daemon=h.daemon, auth=auth)
-    rt.serve_api("127.0.0.1", 0)
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{rt.api_port}", timeout=10) as client:
+    with serving(h, {"TIDEGATE_ADMIN_TOKENS": f"alice:{ADMIN}", "TIDEGATE_VIEWER_TOKENS": f"victor:{VIEWER}"}) as url:
+        with httpx.Client(base_url=url, timeout=10) as client:
             yield h, client
-    finally:
-        rt.stop()
 
 
 def _h(token: str) -> dict[str, str]:
