@@ -24,7 +24,7 @@ import threading
 from datetime import datetime, timedelta, timezone
 from http import HTTPStatus
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any, Awaitable, Callable, Mapping
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi import Path as PathParam
@@ -160,9 +160,9 @@ def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def problem_response(status: int, detail: str, *, errors: list[FieldError] | None = None,
-                     headers: dict[str, str] | None = None, **extensions: Any) -> JSONResponse:
+                     headers: Mapping[str, str] | None = None, **extensions: Any) -> JSONResponse:
     body = Problem(title=HTTPStatus(status).phrase, status=status, detail=detail, errors=errors, **extensions)
-    return JSONResponse(body.model_dump(exclude_none=True), status_code=status, headers=headers,
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=status, headers=dict(headers or {}),
                         media_type=PROBLEM)
 
 
