@@ -32,10 +32,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controller.auth import Principal, TokenAuth
@@ -433,8 +435,15 @@ def create_app(daemon: "Daemon", auth: TokenAuth, api: ApiConfig | None = None) 
 def _install_error_handlers(app: FastAPI) -> None:
     Handler = Callable[[Request, Any], Awaitable[Response]]
 
-    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        return problem_response(exc.status_code, str(exc.detail), headers=exc.headers)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette's Allow names the methods of the first route on the path; list them all
+            # (GET and POST /v1/overrides are two routes).
+            methods = {m for r in app.routes if isinstance(r, APIRoute) and r.matches(request.scope)[0] is not Match.NONE
+                       for m in r.methods}
+            headers["Allow"] = ", ".join(sorted(methods))
+        return problem_response(exc.status_code, str(exc.detail), headers=headers)
 
     async def invalid(_: Request, exc: RequestValidationError) -> Response:
         errors = _field_errors(exc.errors())

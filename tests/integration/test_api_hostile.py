@@ -287,3 +287,10 @@ def test_docs_can_require_a_token_or_be_off(tmp_path: Path) -> None:
     for _, c in _serve(tmp_path / "off", api={"docs": False}):
         for path in ("/docs", "/openapi.json"):
             _is_problem(c.get(path, headers=_h(ADMIN)), 404)
+
+
+def test_405_lists_every_method_of_the_path(api: tuple[Harness, httpx.Client]) -> None:
+    _, c = api
+    r = c.request("PUT", "/v1/overrides", headers=_h(ADMIN))
+    _is_problem(r, 405)
+    assert r.headers["allow"] == "GET, POST"
