@@ -441,7 +441,7 @@ def _install_error_handlers(app: FastAPI) -> None:
             # Starlette's Allow names the methods of the first route on the path; list them all
             # (GET and POST /v1/overrides are two routes).
             methods = {m for r in app.routes if isinstance(r, APIRoute) and r.matches(request.scope)[0] is not Match.NONE
-                       for m in r.methods}
+                       for m in r.methods or ()}
             headers["Allow"] = ", ".join(sorted(methods))
         return problem_response(exc.status_code, str(exc.detail), headers=headers)
 
