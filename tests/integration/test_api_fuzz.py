@@ -2,16 +2,21 @@
 127.0.0.1 in front of a real daemon, on SQLite and on PostgreSQL, with an admin token, a viewer
 token and no token.
 
-Every operation gets valid (positive) and invalid (negative) requests generated from the document.
-The run must see no 5xx and no response the document does not describe (status code, content type,
-headers, body schema). The number of examples is bounded (``EXAMPLES`` per operation, mode and
-token); under ``CI=true`` Hypothesis is derandomized, elsewhere the run is seeded with ``SEED``
-(set ``TIDEGATE_FUZZ_SEED`` / ``TIDEGATE_FUZZ_EXAMPLES`` to explore further).
+Two passes per token: schemathesis' coverage phase (its CLI, ``--phases coverage``: the boundary and
+just-outside values of every declared constraint, e.g. ids 2147483647 and 2147483648; deterministic),
+then generated valid (positive) and invalid (negative) requests for every operation. The run must
+see no 5xx and no response the document does not describe (status code, content type, headers,
+body schema). The number of examples is bounded (``EXAMPLES`` per operation, mode and token); under
+``CI=true`` Hypothesis is derandomized, elsewhere the run is seeded with ``SEED`` (set
+``TIDEGATE_FUZZ_SEED`` / ``TIDEGATE_FUZZ_EXAMPLES`` to explore further).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -56,6 +61,24 @@ def base_url(tmp_path: Path, db_url: str) -> Iterator[str]:
         yield url
 
 
+def _coverage_phase(base: str, token: str | None, tally: Tally, workdir: Path) -> None:
+    report = workdir / f"coverage-{token or 'none'}.ndjson"
+    cmd = [sys.executable, "-m", "schemathesis.cli", "run", f"{base}/openapi.json", "--phases", "coverage",
+           "--checks", ",".join(c.__name__ for c in CHECKS), "--continue-on-failure",
+           "--report", "ndjson", "--report-ndjson-path", str(report)]
+    if token:
+        cmd += ["--header", f"Authorization: Bearer {token}"]
+    run = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=120)
+    for line in report.read_text().splitlines():
+        finished = json.loads(line).get("ScenarioFinished")
+        for interaction in (finished or {}).get("recorder", {}).get("interactions", {}).values():
+            tally.requests += 1
+            tally.server_errors += (interaction.get("response") or {}).get("status_code", 0) >= 500
+    if run.returncode != 0:
+        failures = run.stdout[run.stdout.find("FAILURES"):] if "FAILURES" in run.stdout else run.stdout + run.stderr
+        tally.violations.append(f"coverage phase (exit {run.returncode}):\n{failures[-4000:]}")
+
+
 def _fuzz(base: str, token: str | None, tally: Tally) -> None:
     schema = schemathesis.openapi.from_url(f"{base}/openapi.json")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -88,10 +111,12 @@ def _fuzz(base: str, token: str | None, tally: Tally) -> None:
 
 
 @pytest.mark.slow
-def test_fuzzing_the_documented_api_finds_no_5xx_and_no_undocumented_answer(base_url: str, db_url: str) -> None:
+def test_fuzzing_the_documented_api_finds_no_5xx_and_no_undocumented_answer(base_url: str, db_url: str,
+                                                                            tmp_path: Path) -> None:
     tallies = {}
     for who, token in (("admin", ADMIN), ("viewer", VIEWER), ("none", None)):
         tallies[who] = t = Tally()
+        _coverage_phase(base_url, token, t, tmp_path)
         _fuzz(base_url, token, t)
     backend = db_url.split(":", 1)[0]
     summary = ", ".join(f"{who}: {t.requests} requests, {t.server_errors} 5xx, {len(t.violations)} violations"
