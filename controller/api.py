@@ -198,17 +198,19 @@ class _Guard:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        # A refused request's body is never read; `Connection: close` makes uvicorn close the
+        # connection right after the answer instead of receiving (and discarding) the rest.
+        close = {"Connection": "close"} if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers else {}
         if not self.is_open(scope["path"]):
             who = self.auth.from_header(headers.get("authorization"))
             if who is None:
-                # The body (if any) is never read: the server drops the connection after this answer.
                 detail = ("missing bearer token" if "authorization" not in headers
                           else "invalid token (expected `Authorization: Bearer <token>`)")
-                await problem_response(401, detail, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+                await problem_response(401, detail, headers={"WWW-Authenticate": "Bearer", **close})(scope, receive, send)
                 return
             scope.setdefault("state", {})["principal"] = who
         limit = self.max_body_bytes
-        too_big = problem_response(413, f"request body over {limit} bytes (api.max_body_bytes)")
+        too_big = problem_response(413, f"request body over {limit} bytes (api.max_body_bytes)", headers=close)
         length = headers.get("content-length")
         if length is not None:
             if not length.strip().isdigit():
