@@ -131,6 +131,9 @@ class ApiConfig(_Strict):
     port: int = Field(8080, ge=0, le=65535, description="Bind port (0: pick a free one).")
     admin_tokens: TokenSource = Field(default_factory=lambda: TokenSource(env="TIDEGATE_ADMIN_TOKENS"), description="Where admin bearer tokens come from (never from policy files).")
     viewer_tokens: TokenSource = Field(default_factory=lambda: TokenSource(env="TIDEGATE_VIEWER_TOKENS"), description="Where viewer bearer tokens come from.")
+    max_body_bytes: int = Field(65536, ge=1024, le=16 * 1024 * 1024, description="Largest request body accepted, bytes; a larger one is answered 413 before it is read or parsed (also for chunked bodies without Content-Length).")
+    docs: bool = Field(True, description="Serve the Swagger UI at /docs (its assets come from the daemon itself, never a CDN) and the OpenAPI document at /openapi.json.")
+    docs_require_token: bool = Field(False, description="Whether /docs, its assets and /openapi.json need a viewer or admin token. Off by default: the document describes the open-source API and no state; a browser cannot send a bearer token to open /docs.")
 
 
 class LoopConfig(_Strict):

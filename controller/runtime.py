@@ -224,7 +224,7 @@ class Runtime:
         from controller.api import create_app
 
         sock = bind_socket(host, port)
-        app = create_app(self.daemon, self.auth)
+        app = create_app(self.daemon, self.auth, self.daemon.config.api)
         cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
         self.server = uvicorn.Server(cfg)
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
