@@ -34,6 +34,7 @@ from controller.core.model import (
     PoolState,
 )
 from controller.core.pipeline import decide
+from controller.core.pricing import OnPremCost, pool_cost_per_hour_usd, pool_price, with_cost
 from controller.core.reasons import Reason
 from controller.db.repo import Repository
 from controller.logs import log
@@ -202,15 +203,13 @@ class Daemon:
                 states[pool_name] = st
             degraded = (getattr(self.metrics_source, "degraded", None) or {}).get(name)
             sig = replace(sig, pools=states, degraded=degraded or sig.degraded)
-            if sig.cost_per_million_tokens_usd.value is None:
-                # Prometheus knows tokens, providers know nodes and prices: cost per token needs both.
-                sig = self._with_cost(sig, model, now)
+            # Prometheus knows tokens and power, providers know replicas and prices: the pricing
+            # module prices the pools (the budget stage uses these prices) and the cost per token.
+            sig = self._with_cost(sig, model, now)
             out[name] = sig
         return out
 
     def _with_cost(self, sig: ModelSignals, model: ModelSpec, now: datetime) -> ModelSignals:
-        from providers.cost import OnPremCost, with_cost
-
         oc = self.config.onprem_cost
         onprem = OnPremCost(oc.capital_usd_per_gpu_hour, oc.energy_usd_per_kwh, oc.pue,
                             oc.assumed_gpu_power_kw) if oc is not None else None
@@ -445,10 +444,8 @@ class Daemon:
                 m.replicas.labels(model=d.model, pool=pool_name, state="current").set(st.replicas)
             if st is not None and st.ready_replicas is not None:
                 m.replicas.labels(model=d.model, pool=pool_name, state="ready").set(st.ready_replicas)
-            price = (st.price_per_node_hour_usd if st and st.price_per_node_hour_usd is not None
-                     else pool.price_per_node_hour_usd)
             m.cost_per_hour.labels(model=d.model, pool=pool_name).set(
-                pool.nodes_for(model, d.placement.get(pool_name, 0)) * price)
+                pool_cost_per_hour_usd(model, pool, st, d.placement.get(pool_name, 0)))
             m.pool_available.labels(model=d.model, pool=pool_name).set(1 if (st is None or st.available) else 0)
         if d.interrupted_replaced:
             for pool_name in model.pools:
@@ -577,8 +574,7 @@ class Daemon:
                         "nodes": st.nodes if st else None,
                         "available": st.available if st else None,
                         "unavailable_reason": st.unavailable_reason if st else None,
-                        "price_per_node_hour_usd": (st.price_per_node_hour_usd if st and st.price_per_node_hour_usd is not None
-                                                    else self.pools[pool_name].price_per_node_hour_usd),
+                        "price_per_node_hour_usd": pool_price(self.pools[pool_name], st),
                     }
                 out["models"][name] = {
                     "policy_version": policies[name].version if name in policies else None,

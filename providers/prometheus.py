@@ -91,7 +91,7 @@ SIGNALS: tuple[str, ...] = (
     "output_tokens_per_s", "input_tokens_per_s", "kv_cache_utilization_pct",
 )
 EXTRA_SIGNALS: tuple[str, ...] = ("gpu_power_kw",)
-"""Read per pool for the cost of on-prem pools (``providers.cost``); not a ``ModelSignals`` field."""
+"""Read per pool for the cost of on-prem pools (``controller.core.pricing``); not a ``ModelSignals`` field."""
 COMBINE: Mapping[str, str] = {
     "queue_depth": "sum", "p99_latency_ms": "max", "gpu_utilization_pct": "mean",
     "request_rate_per_s": "sum", "output_tokens_per_s": "sum", "input_tokens_per_s": "sum",
@@ -227,7 +227,7 @@ class Observation:
 
     def by_pool(self, model: str, signal: str) -> dict[str, Sample]:
         """Pool -> sample of one signal of one model (e.g. ``gpu_power_kw`` for
-        ``providers.cost``)."""
+        ``controller.core.pricing``)."""
         return {pool: v[signal] for (m, pool), v in self.pools.items() if m == model and signal in v}
 
 
@@ -374,7 +374,7 @@ class PrometheusMetricsSource:
 
     def power_kw(self, model: str) -> dict[str, Sample]:
         """Pool -> GPU power (kW) of one model's serving GPUs at the last tick, for on-prem energy
-        cost (``providers.cost``); empty before the first tick."""
+        cost (``controller.core.pricing``); empty before the first tick."""
         return self.last.by_pool(model, "gpu_power_kw") if self.last is not None else {}
 
     # ---- one answer

@@ -47,8 +47,9 @@ from controller.core.model import (
     Stage,
 )
 from controller.core.overrides import resolve
-from controller.core.placement import place, placement_cost, preferred_pool
+from controller.core.placement import place, preferred_pool
 from controller.core.policy import EffectivePolicy
+from controller.core.pricing import hourly_cost_at_usd, placement_cost
 from controller.core.reasons import Reason
 from controller.core.spec import OnMissing, PolicySpec
 from policies.base import PolicyContext, SLOTargets
@@ -62,8 +63,6 @@ STAGES = ("recommend", "combine", "tolerance", "missing-data", "stabilize", "rat
 was observed has the single stage ``observe`` (``NotObservedYet``)."""
 
 _EMPTY_STATE: Mapping[str, Any] = {}
-_TOKENS_PER_MILLION = 1e6
-_S_PER_HOUR = 3600.0
 
 def _slo_targets(spec: PolicySpec) -> SLOTargets:
     slo = spec.slo
@@ -318,7 +317,7 @@ def decide(
             # Cost per token is undefined without a token rate: the ceiling cannot be computed.
             budget_note = f"cost-per-token cap ${per_million:g}/M ignored: output token rate unknown"
         else:
-            token_cap = per_million * rate * _S_PER_HOUR / _TOKENS_PER_MILLION
+            token_cap = hourly_cost_at_usd(per_million, rate)
             budget_note = f"${per_million:g}/M tokens at {rate:g} tok/s = ${token_cap:.2f}/h"
             if cap_usd is None or token_cap < cap_usd:
                 # Cost per token is an efficiency ceiling, not a spending one: at low traffic it

@@ -51,6 +51,7 @@ from typing import Any, Callable, Literal, Mapping, Protocol
 import numpy as np
 
 from controller.core.model import ModelSignals, ModelSpec, PoolSpec, PoolState, Sample
+from controller.core.pricing import S_PER_HOUR, pool_price, usd_per_million_tokens, with_cost
 from controller.sim.service import (
     TAIL_U,
     TAIL_W,
@@ -457,12 +458,12 @@ class Simulation:
         if t > pool.bill_t:
             dt = t - pool.bill_t
             pool.node_s += pool.bill_n * dt
-            pool.cost_usd += pool.bill_n * dt * pool.spec.price_per_node_hour_usd / 3600.0
+            pool.cost_usd += pool.bill_n * dt * pool_price(pool.spec, None) / S_PER_HOUR
             pool.bill_t = t
         pool.bill_n = self._billable(pool)
 
     def cost_per_hour(self) -> float:
-        return sum(p.bill_n * p.spec.price_per_node_hour_usd for p in self.pools.values())
+        return sum(p.bill_n * pool_price(p.spec, None) for p in self.pools.values())
 
     # ------------------------------------------------------------------ nodes and pods
     def _new_node(self, pool: _Pool, ready_s: float, state: int) -> _Node:
@@ -1035,9 +1036,6 @@ class Simulation:
             s["input_tokens_per_s"] = (self.cum_in_tokens - in0) / span
         else:
             s["output_tokens_per_s"] = s["input_tokens_per_s"] = None
-        tok = s["output_tokens_per_s"]
-        cost_h = self.cost_per_hour()
-        s["cost_per_million_tokens_usd"] = cost_h / (tok * 3600.0) * 1e6 if tok else None
         self.scrape = s
         self.scrape_at = now
         at = self._dt(now)
@@ -1094,7 +1092,9 @@ class Simulation:
             output_tokens_per_s=samples.get("output_tokens_per_s", missing),
             input_tokens_per_s=samples.get("input_tokens_per_s", missing),
             kv_cache_utilization_pct=samples.get("kv_cache_utilization_pct", missing),
-            cost_per_million_tokens_usd=samples.get("cost_per_million_tokens_usd", missing), pools=pools)
+            pools=pools)
+        # Cost per token as the daemon shows it (and the budget prices it): one pricing module.
+        sig = with_cost(sig, self.model, self.setup.pools, at)
         win = self.opt.rate_window_s
         if self.mode == "requests":
             lo = bisect_left(self.arrivals, self.now - win, 0, self.next_req)
@@ -1391,7 +1391,8 @@ class Simulation:
             s["output_tokens"] = float(self.cum_out_tokens)
         cost = sum(p.cost_usd for p in self.pools.values())
         s["cost_usd"] = cost
-        s["cost_per_million_output_tokens_usd"] = cost / s["output_tokens"] * 1e6 if s["output_tokens"] else math.nan
+        s["cost_per_million_output_tokens_usd"] = (usd_per_million_tokens(cost, s["output_tokens"]) if s["output_tokens"]
+                                                    else math.nan)
         gpu_h = {name: p.node_s * p.spec.gpus_per_node / 3600.0 for name, p in self.pools.items()}
         s["gpu_hours_by_pool"] = gpu_h
         total_gpu_h = sum(gpu_h.values())
