@@ -222,9 +222,8 @@ def with_cost(signals: ModelSignals, model: ModelSpec, pools: Mapping[str, PoolS
     output token rate: what the daemon shows, and what the budget stage then prices with."""
     states, notes = price_pools(model, pools, signals.pools, now, onprem=onprem, power_kw=power_kw,
                                 max_age_s=max_age_s)
-    out = replace(signals, pools=states)
     if signals.cost_per_million_tokens_usd.value is not None:
-        return out
+        return replace(signals, pools=states)
     per_hour = model_cost_per_hour_usd(model, pools, states, now, notes)
-    return replace(out, cost_per_million_tokens_usd=cost_per_million_tokens_usd(
+    return replace(signals, pools=states, cost_per_million_tokens_usd=cost_per_million_tokens_usd(
         per_hour, signals.output_tokens_per_s, now, max_age_s))
