@@ -23,7 +23,13 @@ Shown, each on the decision log and on the peers' own request logs:
   all; the leader's lock session is terminated and the other takes over on its next tick;
 - dry-run: DRY_RUN rows and not one mutating request (the SQS queue is not even read);
 - the assembly: settings defaults agree with the adapters', cross-field errors, the spot price
-  job scheduled by ``daemon.start()``, Triton endpoint discovery from pods.
+  job scheduled by ``daemon.start()``, Triton endpoint discovery from pods;
+- RBAC: every request the daemon's own client made to kmock in a test (the test's clients carry a
+  token of their own), read as the API server's authorizer reads it (``tests.rbac``), is in the
+  committed record ``tests/integration/daemon_kube_calls.yaml``, and each call the record names a
+  test for was made by that test (checked when it passes). ``test_deploy.py`` holds the chart's
+  Roles to the same record, so a new call fails here until it is recorded and there until the Role
+  grants it.
 """
 
 from __future__ import annotations
@@ -57,9 +63,10 @@ from providers.leader import libpq_dsn
 from providers.real import RealSettings, build_real_providers, discover_triton_replicas
 from tests.integration.gcp_server import GcpComputeServer
 from tests.integration.peers import (
-    AWS_REGION, AwsPeer, KubeControllers, KubePeer, asg_instances, aws_env, create_asg, scaling_activities,
-    spot_interruption_event, taint_node,
+    AWS_REGION, AwsPeer, KubeControllers, KubePeer, KubeRequest, asg_instances, aws_env, create_asg,
+    scaling_activities, spot_interruption_event, taint_node,
 )
+from tests.rbac import DAEMON_CALLS, Permission, load_daemon_calls, request_attributes, scope_of
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
 TICK_S = 30.0
@@ -118,6 +125,8 @@ class Cluster:
         self.load = ScriptedLoad()
         tag = uuid.uuid4().hex[:6]
         self.ns = f"d-{tag}"
+        self.home_ns = f"tidegate-{tag}"
+        """The daemon's own namespace (where its Lease lives), apart from the managed one."""
         self.api = kube.api_client()
         self.ctl = KubeControllers(self.api)
         self.core = k8s.CoreV1Api(self.api)
@@ -279,9 +288,35 @@ class Tick:
         return next(s for s in self.record["trace"] if s["name"] == name)
 
 
+def daemon_permissions(requests: Sequence[KubeRequest], clusters: Sequence[Cluster]) -> set[Permission]:
+    """The permissions the daemon's own requests needed (the tests' requests carry their token)."""
+    used = set()
+    for r in requests:
+        attrs = None if r.by_test else request_attributes(r.method, r.path, r.query)
+        if attrs is not None:
+            scope = scope_of(attrs, managed=[c.ns for c in clusters], release=[c.home_ns for c in clusters])
+            used.add(Permission(scope, attrs.group, attrs.resource, attrs.verb))
+    return used
+
+
+def check_daemon_permissions(used: set[Permission], test: str, passed: bool) -> None:
+    recorded = load_daemon_calls()
+    unrecorded = sorted(map(str, used - set(recorded)))
+    assert not unrecorded, (
+        f"{test}: the daemon called the Kubernetes API with {unrecorded}, which {DAEMON_CALLS.name} does not "
+        f"record: add each to {DAEMON_CALLS} and grant it in deploy/helm/tidegate/templates/rbac.yaml")
+    if passed:  # a test that stopped early may not have reached its calls
+        unmade = sorted(str(p) for p, witness in recorded.items() if witness == test and p not in used)
+        assert not unmade, (
+            f"{test}: {DAEMON_CALLS.name} says this test makes {unmade}, and it did not: drop them from the "
+            "record and from the chart's Roles, or name the test that makes them")
+
+
 @pytest.fixture
-def cluster_factory(aws: AwsPeer, gcp: GcpComputeServer, kube: KubePeer, tmp_path: Path) -> Iterator[Any]:
+def cluster_factory(aws: AwsPeer, gcp: GcpComputeServer, kube: KubePeer, tmp_path: Path,
+                    request: pytest.FixtureRequest) -> Iterator[Any]:
     made: list[Cluster] = []
+    mark = kube.mark()
 
     def make(**kw: Any) -> Cluster:
         c = Cluster(aws, gcp, kube, tmp_path, **kw)
@@ -291,6 +326,9 @@ def cluster_factory(aws: AwsPeer, gcp: GcpComputeServer, kube: KubePeer, tmp_pat
     yield make
     for c in made:
         c.close()
+    report = getattr(request.node, "rep_call", None)
+    check_daemon_permissions(daemon_permissions(kube.requests_since(mark), made), request.node.name,
+                             passed=report is not None and report.passed)
 
 
 def _steady_burst(c: Cluster, rt: Runtime) -> Tick:
@@ -573,11 +611,11 @@ def test_two_daemons_one_actuates_and_the_other_takes_over_when_the_leader_dies(
 
 def test_lease_leadership_is_wired_from_the_settings(cluster_factory: Any) -> None:
     c: Cluster = cluster_factory()
-    a, b = (build_real_providers(c.config(backend="lease", lease_namespace=c.ns, identity=who, lease_duration_s=15),
-                                 c.clock, kube_api=c.api) for who in ("daemon-a", "daemon-b"))
+    a, b = (build_real_providers(c.config(backend="lease", lease_namespace=c.home_ns, identity=who, lease_duration_s=15),
+                                 c.clock) for who in ("daemon-a", "daemon-b"))
     try:
         assert a.is_leader() and not b.is_leader() and a.is_leader()
-        lease = k8s.CoordinationV1Api(c.api).read_namespaced_lease("tidegate-leader", c.ns)
+        lease = k8s.CoordinationV1Api(c.api).read_namespaced_lease("tidegate-leader", c.home_ns)
         assert (lease.spec.holder_identity, lease.spec.lease_duration_seconds) == ("daemon-a", 15)
         c.clock.advance(16)  # daemon-a stopped renewing (it died): the lease has run out
         assert b.is_leader() and not a.is_leader()
@@ -696,7 +734,7 @@ def test_triton_endpoints_come_from_the_config_and_the_pods_of_each_pool(cluster
     raw["providers"]["settings"]["triton"] = {"replicas": {"llama": {"aws-od": ["10.9.9.9:8000"]}}, "discover": True,
                                               "port": 8001, "triton_models": {"llama": "ensemble"}}
     cfg = DaemonConfig.model_validate(raw)
-    real = build_real_providers(cfg, c.clock, kube_api=c.api)
+    real = build_real_providers(cfg, c.clock)
     try:
         assert type(real.metrics).__name__ == "CombinedMetricsSource"
     finally:
@@ -708,6 +746,8 @@ def test_triton_endpoints_come_from_the_config_and_the_pods_of_each_pool(cluster
     c.core.patch_namespaced_pod_status(pods[1].metadata.name, c.ns, {"status": {"podIP": "10.1.0.8", "phase": "Pending"}})
     settings = getattr(cfg.providers, "settings", None)
     assert isinstance(settings, RealSettings) and settings.triton is not None
-    replicas = discover_triton_replicas(KubernetesCluster(c.api, KubernetesSettings()), cfg, settings.triton)()
+    # the daemon's own client, as build_real_providers makes it from the settings
+    replicas = discover_triton_replicas(KubernetesCluster(settings.kubernetes.api_client(), KubernetesSettings()),
+                                        cfg, settings.triton)()
     assert sorted((r.url, r.pool, r.triton_model) for r in replicas["llama"]) == [
         ("10.1.0.7:8001", "onprem", "ensemble"), ("10.9.9.9:8000", "aws-od", "ensemble")]

@@ -70,3 +70,31 @@ app.kubernetes.io/component: controller
 {{- $_ := set $cfg "api" $api }}
 {{- toYaml $cfg }}
 {{- end }}
+
+{{/* Where the daemon reaches Triton (config.providers.settings.triton), as JSON: "discovered"
+the port on discovered pods (0 without discover), "namespaces" those of the model's Deployments,
+"static" the ports of the static host:port endpoints. */}}
+{{- define "tidegate.tritonEgress" -}}
+{{- $triton := dig "providers" "settings" "triton" dict (.Values.config | default dict) | default dict }}
+{{- $out := dict "discovered" 0 "namespaces" list "static" list }}
+{{- if $triton.discover }}
+{{- $_ := set $out "discovered" (int (default 8000 $triton.port)) }}
+{{- $nss := list }}
+{{- range .Values.config.models }}
+{{- range $pool, $dep := .deployments }}
+{{- $nss = append $nss (default "default" $dep.namespace) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $out "namespaces" ($nss | uniq | sortAlpha) }}
+{{- end }}
+{{- $ports := list }}
+{{- range $model, $pools := (default dict $triton.replicas) }}
+{{- range $pool, $endpoints := $pools }}
+{{- range $endpoints }}
+{{- $ports = append $ports (int (regexReplaceAll "^.*:" . "")) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $_ := set $out "static" ($ports | uniq | sortAlpha) }}
+{{- toJson $out }}
+{{- end }}
