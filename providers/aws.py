@@ -31,7 +31,7 @@ from botocore.config import Config
 
 from controller.core.model import PoolSpec
 from controller.protocols import PermanentProviderError, ProviderError, TransientProviderError
-from providers.cloudpool import (
+from providers.base import (
     GroupInstance, GroupState, Notice, NoticeKind, RetryPolicy, retry_transient,
 )
 

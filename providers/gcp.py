@@ -26,7 +26,7 @@ from google.api_core import exceptions as gexc
 
 from controller.core.model import PoolSpec
 from controller.protocols import PermanentProviderError, ProviderError, TransientProviderError
-from providers.cloudpool import GroupInstance, GroupState, Notice, NoticeKind, RetryPolicy, retry_transient
+from providers.base import GroupInstance, GroupState, Notice, NoticeKind, RetryPolicy, retry_transient
 
 PROVIDER = "gcp"
 CALL_RESIZE = "resize"

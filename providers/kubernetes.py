@@ -36,7 +36,7 @@ from kubernetes.client.exceptions import ApiException
 
 from controller.core.model import Action, ActionStatus, ModelSpec, PoolSpec, PoolState
 from controller.protocols import PermanentProviderError, ProviderError, TransientProviderError
-from providers.cloudpool import (
+from providers.base import (
     ActionLog, Notice, NoticeKind, RetryPolicy, UnavailableMarks, retry_transient, unavailable_reason,
 )
 

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from providers.cloudpool import CloudPoolSettings, RetryPolicy
+from providers.base import RetryPolicy
+from providers.cloudpool import CloudPoolSettings
 from providers.prometheus import PrometheusSettings
 
 if TYPE_CHECKING:  # annotations only: controller.config imports this module
@@ -129,7 +130,7 @@ class KubernetesConnection(_Strict):
         return self.host is None and self.kubeconfig is None and bool(env.get("KUBERNETES_SERVICE_HOST"))
 
     def to_settings(self) -> "KubernetesSettings":
-        from providers.cloudpool import NoticeKind
+        from providers.base import NoticeKind
         from providers.kubernetes import INTERRUPTION_TAINTS, KubernetesSettings
 
         taints = dict(INTERRUPTION_TAINTS)
