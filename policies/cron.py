@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone, tzinfo
 from functools import lru_cache
 
+from controller.errors import CronError  # re-exported: raised here
+
 __all__ = ["CronError", "CronExpr", "parse_cron", "to_instant"]
 
 MONTH_NAMES = {name.lower(): i for i, name in enumerate(calendar.month_abbr) if name}
@@ -60,10 +62,6 @@ _FIELDS: tuple[tuple[str, int, int, dict[str, int] | None], ...] = (
 _MAX_SEARCH = timedelta(days=366 * 30)
 _ONE_DAY = timedelta(days=1)
 _ONE_MINUTE = timedelta(minutes=1)
-
-
-class CronError(ValueError):
-    """A cron expression that cannot be parsed or can never fire; the message says where."""
 
 
 @dataclass(frozen=True, slots=True)

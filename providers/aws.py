@@ -30,7 +30,7 @@ import botocore.exceptions
 from botocore.config import Config
 
 from controller.core.model import PoolSpec
-from controller.protocols import PermanentProviderError, ProviderError, TransientProviderError
+from controller.errors import PermanentProviderError, ProviderError, TransientProviderError
 from providers.base import (
     GroupInstance, GroupState, Notice, NoticeKind, RetryPolicy, retry_transient,
 )

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar, runtime_
 
 from controller.core.model import Action, ActionStatus, PoolSpec
 from controller.core.reasons import Reason
-from controller.protocols import ProviderError, TransientProviderError
+from controller.errors import ProviderError, TransientProviderError
 
 T = TypeVar("T")
 

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from controller.core.model import Action, ActionStatus, ModelSpec, PoolSpec, PoolState
-from controller.protocols import PermanentProviderError
+from controller.errors import PermanentProviderError
 from providers.base import (
     ActionLog, GroupInstance, GroupState, NodeGroup, Notice, NoticeKind, RetryPolicy, UnavailableMarks,
     actions_of, describe_error, retry_transient, status_of, unavailable_reason,

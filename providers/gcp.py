@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 from google.api_core import exceptions as gexc
 
 from controller.core.model import PoolSpec
-from controller.protocols import PermanentProviderError, ProviderError, TransientProviderError
+from controller.errors import PermanentProviderError, ProviderError, TransientProviderError
 from providers.base import GroupInstance, GroupState, Notice, NoticeKind, RetryPolicy, retry_transient
 
 PROVIDER = "gcp"
