@@ -19,7 +19,7 @@ CHECKED = [
     "controller/backend_source.py",
     "providers/sim", "providers/clock.py", "providers/prometheus.py", "providers/triton.py",
     "providers/cost.py", "tests/integration/exporters.py", "controller/sim",
-    "providers/cloudpool.py", "providers/kubernetes.py", "providers/aws.py", "providers/gcp.py",
+    "providers/base.py", "providers/cloudpool.py", "providers/kubernetes.py", "providers/aws.py", "providers/gcp.py",
     "providers/leader.py", "providers/real.py", "deploy/helm/gen_schema.py", "controller/errors.py",
 ]
 
