@@ -271,7 +271,7 @@ def build_runtime(cfg: DaemonConfig, *, clock: Clock | None = None, dry_run: boo
     else:
         from kubernetes.config import ConfigException
 
-        from providers.real import build_real_providers
+        from providers.wiring import build_real_providers
 
         from providers.clock import SystemClock
 
