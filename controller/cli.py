@@ -2,7 +2,7 @@
 
     tidegate run --config FILE [--dry-run]     the daemon
     tidegate demo [--duration-s N] [--port P]  the daemon on the embedded default (simulated fleet)
-    tidegate policy validate FILE...           check policy files (exit 1 on any problem)
+    tidegate policy validate PATH...           check policy files, each path on its own (exit 1 on any problem)
     tidegate policy schema                     JSON Schema of policy files
     tidegate config validate FILE [--connect]  check a daemon config (and reach its database, Prometheus)
     tidegate config schema                     JSON Schema of the daemon config
@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pol = sub.add_parser("policy", help="policy files").add_subparsers(dest="policy_command", required=True)
     pv = pol.add_parser("validate", help="validate policy files")
-    pv.add_argument("files", nargs="+")
+    pv.add_argument("files", nargs="+", metavar="PATH", help="policy files or directories, each checked on its own")
     pv.set_defaults(func=cmd_policy_validate)
     pol.add_parser("schema", help="print the JSON Schema").set_defaults(func=cmd_policy_schema)
 

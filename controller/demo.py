@@ -107,8 +107,7 @@ def run_demo(*, duration_s: float = 120, port: int = 8080, workdir: Path = Path(
     if not quiet:
         print(f"{'sim time':<8} {'req/s':>6} {'queue':>6} {'p99 ms':>8} {'replicas':<10} "
               + " ".join(f"{p:>{max(len(p), 3)}}" for p in pool_names) + f" {'$/h':>8}  reason", file=out)
-    wall_interval = cfg.loop.interval_s / cfg.providers.speedup  # type: ignore[union-attr]
-    daemon.start(wall_interval_s=wall_interval)
+    daemon.start()  # every loop.interval_s of the accelerated clock: interval_s / speedup wall seconds
     stop = threading.Event()
     try:
         stop.wait(duration_s)

@@ -212,7 +212,7 @@ class Runtime:
         from controller.api import create_app
 
         sock = bind_socket(host, port)
-        app = create_app(self.daemon, self.auth)
+        app = create_app(self.daemon, self.auth, self.daemon.config.api)
         cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
         self.server = uvicorn.Server(cfg)
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
@@ -237,43 +237,58 @@ class Runtime:
             self.server.should_exit = True
             if self.thread is not None:
                 self.thread.join(timeout=10)
+        if self.daemon.elector is not None:
+            self.daemon.elector.release()  # hand leadership over at once, not after the lease runs out
         real = self.extras.get("real")
         if real is not None:
-            real.close()  # hands leadership over at once instead of after the lease runs out
+            real.close()
         if close_repo:
             self.daemon.repo.close()
 
 
+def _no_credentials(e: Exception, prefix: str = "") -> str:
+    return (f"{prefix}providers.settings.kubernetes: cannot load credentials for the cluster ({_first_line(e)}); "
+            "set providers.settings.kubernetes.kubeconfig (and context) or host, or run in a cluster")
+
+
 def build_runtime(cfg: DaemonConfig, *, clock: Clock | None = None, dry_run: bool | None = None,
-                  registry: Registry | None = None, environ: dict[str, str] | None = None) -> Runtime:
+                  registry: Registry | None = None, environ: dict[str, str] | None = None,
+                  election_clock: Clock | None = None) -> Runtime:
     """Check what the config needs (:func:`preflight`), migrate the database, build providers from
     the config and the daemon around them. Raises a :class:`~controller.errors.UserError` with one
-    line per problem for what a person must fix (a missing folder, an unreachable database...)."""
+    line per problem for what a person must fix (a missing folder, an unreachable database...).
+
+    ``clock`` is the daemon's (default: the wall clock, or the accelerated one of the simulated
+    providers). ``election_clock`` is the Lease's: the wall clock by default, never the
+    accelerated one, because the Lease's times are compared across processes; tests that drive
+    ``clock`` by hand pass the same one here to control expiry too."""
     problems = preflight(cfg)
     if problems:
         raise ConfigError("\n".join(problems))
     with database_errors(cfg.database.url, _database_source()):
         upgrade(cfg.database.url)
         repo = Repository(cfg.database.url)
+    from kubernetes.config import ConfigException
+
     registry = registry or Registry.from_entry_points()
     metrics = DaemonMetrics()
     extras: dict[str, Any] = {}
+    from providers.clock import SystemClock
+    from providers.leader import build_elector
+    from providers.real import KubernetesConnection
+
+    kube = cfg.providers.settings.kubernetes if isinstance(cfg.providers, RealProviders) else KubernetesConnection()
     if isinstance(cfg.providers, SimulatedProviders):
         from providers.clock import AcceleratedClock
         from providers.sim import build_simulated_providers
 
         clock = clock or AcceleratedClock(cfg.providers.speedup)
         sim = build_simulated_providers(cfg, clock)
-        daemon = Daemon(cfg, clock=clock, metrics_source=sim.metrics, pool_providers=sim.pools,
-                        price_source=sim.prices, repo=repo, registry=registry, dry_run=dry_run,
-                        metrics=metrics)
+        sources: tuple[Any, Any, Any] = (sim.metrics, sim.pools, sim.prices)
         extras["sim"] = sim
+        api_client = kube.api_client
     else:
-        from kubernetes.config import ConfigException
-
         from providers.wiring import build_real_providers
-
-        from providers.clock import SystemClock
 
         clock = clock or SystemClock()
         try:
@@ -283,13 +298,20 @@ def build_runtime(cfg: DaemonConfig, *, clock: Clock | None = None, dry_run: boo
             raise ConfigError(str(e)) from e
         except ConfigException as e:  # no kubeconfig, no in-cluster service account
             repo.close()
-            raise ConfigError(f"providers.settings.kubernetes: cannot load credentials for the cluster ({_first_line(e)}); "
-                              "set providers.settings.kubernetes.kubeconfig (and context) or host, or run in a cluster") from e
-        daemon = Daemon(cfg, clock=clock, metrics_source=real.metrics, pool_providers=real.pools,
-                        price_source=real.prices, repo=repo, registry=registry, dry_run=dry_run,
-                        metrics=metrics, is_leader=real.is_leader)
-        for func, seconds, job_id in real.jobs:  # e.g. the spot price refresh; run from daemon.start()
-            daemon.add_job(func, seconds, job_id)
+            raise ConfigError(_no_credentials(e)) from e
+        sources = (real.metrics, real.pools, real.prices)
         extras["real"] = real
+        api_client = lambda: real.api_client  # noqa: E731 - one client for the pools and the Lease
+    try:
+        elector = build_elector(cfg.leader_election, database_url=cfg.database.url, api_client=api_client,
+                                clock=election_clock or SystemClock(), environ=environ)
+    except ConfigException as e:  # a Lease backend with no kubeconfig and no service account
+        repo.close()
+        raise ConfigError(_no_credentials(e, "leader_election: backend lease needs the cluster; ")) from e
+    daemon = Daemon(cfg, clock=clock, metrics_source=sources[0], pool_providers=sources[1],
+                    price_source=sources[2], repo=repo, registry=registry, dry_run=dry_run,
+                    metrics=metrics, elector=elector)
+    for func, seconds, job_id in getattr(extras.get("real"), "jobs", ()):  # e.g. the spot price refresh
+        daemon.add_job(func, seconds, job_id)  # run from daemon.start()
     auth = TokenAuth.from_config(cfg.api, environ)
     return Runtime(daemon=daemon, auth=auth, extras=extras)

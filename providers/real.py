@@ -1,12 +1,12 @@
 """The real providers' settings: one documented schema, the ``providers.settings`` section.
 
 Why it exists: the adapters (``providers.prometheus``, ``providers.triton``, ``providers.kubernetes``,
-``providers.aws``, ``providers.gcp``, ``providers.cloudpool``, ``providers.leader``) each take a
-small settings dataclass and know nothing of each other or of the daemon's config file. An
-operator writes one ``providers.settings`` section (``providers.type: real``); ``RealSettings``
-validates and documents it (``tidegate config schema`` and the README table come from it, every
-field has a description and a unit, unknown keys are errors). ``providers.wiring`` turns it, with
-the rest of the daemon config, into what the daemon takes.
+``providers.aws``, ``providers.gcp``, ``providers.cloudpool``) each take a small settings dataclass
+and know nothing of each other or of the daemon's config file. An operator writes one
+``providers.settings`` section (``providers.type: real``); ``RealSettings`` validates and documents
+it (``tidegate config schema`` and the README table come from it, every field has a description
+and a unit, unknown keys are errors). ``providers.wiring`` turns it, with the rest of the daemon
+config, into what the daemon takes.
 
 This module is imported by ``controller.config`` (the schema is part of the daemon config), so it
 imports neither ``controller.config`` nor any client library: only pydantic and the light adapter
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -30,9 +29,6 @@ if TYPE_CHECKING:  # annotations only: the adapters' client libraries are not im
     from providers.kubernetes import KubernetesSettings
     from providers.aws import AwsSettings
     from providers.gcp import GcpSettings
-
-SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-"""Where a pod finds its own namespace (the Lease's default namespace)."""
 
 
 def _default(cls: type, name: str) -> Any:
@@ -208,32 +204,6 @@ class CloudSection(_Strict):
                                  capacity_error_max_age_s=self.capacity_error_max_age_s)
 
 
-class LeaderSettings(_Strict):
-    """Leader election: when several daemons run, only the leader observes, decides and acts;
-    the others stand by (ready) and take over when it goes."""
-
-    backend: Literal["postgres", "lease", "none"] | None = Field(None, description="postgres: a session advisory lock on the decision log's PostgreSQL database (freed by the server the moment the leader's session ends); lease: a coordination.k8s.io/v1 Lease (taken over after lease_duration_s without renewal); none: every daemon acts (one replica only). Unset: postgres when database.url is PostgreSQL, else none (run several replicas on SQLite only with lease).")
-    name: str = Field("tidegate", min_length=1, description="Election name: daemons with the same name (and database or namespace) elect one leader.")
-    identity: str | None = Field(None, description="This daemon's identity in the election. Unset: host/pid (the pod name in a cluster).")
-    lease_namespace: str | None = Field(None, description="Namespace of the Lease. Unset: the pod's own namespace (service account), else default.")
-    lease_name: str | None = Field(None, description="Name of the Lease. Unset: `name` followed by -leader.")
-    lease_duration_s: int = Field(15, ge=1, description="A Lease not renewed for this long may be taken over, seconds; the leader renews every tick, so keep it above 2 x loop.interval_s.")
-    connect_timeout_s: float = Field(3.0, gt=0, description="Timeout of the advisory lock's own PostgreSQL connection, seconds.")
-
-    def resolved_backend(self, database_url: str) -> str:
-        if self.backend is not None:
-            return self.backend
-        return "postgres" if database_url.startswith(("postgresql", "postgres")) else "none"
-
-    def namespace(self) -> str:
-        if self.lease_namespace:
-            return self.lease_namespace
-        try:
-            return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
-        except OSError:
-            return "default"
-
-
 class RealSettings(_Strict):
     """``providers.settings`` when ``providers.type`` is ``real``."""
 
@@ -243,7 +213,6 @@ class RealSettings(_Strict):
     aws: AwsSection = Field(default_factory=AwsSection, description="AWS Auto Scaling groups, spot prices and the interruption queue.")
     gcp: GcpSection = Field(default_factory=GcpSection, description="GCP managed instance groups and spot list prices.")
     cloud: CloudSection = Field(default_factory=CloudSection, description="How long capacity failures keep a cloud pool unavailable.")
-    leader: LeaderSettings = Field(default_factory=LeaderSettings, description="Leader election between daemon replicas.")
 
     def cross_check(self, pools: Mapping[str, str], models: Mapping[str, Sequence[str]]) -> list[str]:
         """Problems with references to the daemon config's pools (name -> kind) and models
@@ -269,6 +238,6 @@ class RealSettings(_Strict):
 
 
 __all__ = [
-    "AwsSection", "CloudSection", "GcpSection", "KubernetesConnection", "LeaderSettings", "RealSettings",
-    "RetrySettings", "TritonSettings",
+    "AwsSection", "CloudSection", "GcpSection", "KubernetesConnection", "RealSettings", "RetrySettings",
+    "TritonSettings",
 ]

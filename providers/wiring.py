@@ -1,10 +1,12 @@
 """The real providers wired from a daemon config: what ``controller.runtime`` hands the daemon.
 
 ``build_real_providers(cfg, clock)`` turns ``cfg.providers.settings`` (a ``providers.real.RealSettings``)
-into a metrics source, one provider per pool, a price source, the leadership check run before
-every tick, and the periodic jobs (the spot price refresh). It lives apart from the schema because
-it reads the whole daemon config: ``controller.config`` imports the schema (``providers.real``),
-this module imports ``controller.config``, one direction.
+into a metrics source, one provider per pool, a price source and the periodic jobs (the spot
+price refresh). Leader election is the daemon config's own ``leader_election`` section
+(``providers.leader``), built by ``controller.runtime`` for simulated and real providers alike.
+
+It lives apart from the schema because it reads the whole daemon config: ``controller.config``
+imports the schema (``providers.real``), this module imports ``controller.config``, one direction.
 
 The Kubernetes, AWS, GCP and Triton client libraries are imported inside the functions. Building
 makes no network call: the first tick is the first observation (nothing is decided before every
@@ -45,12 +47,8 @@ class RealProviderSet:
     metrics: "MetricsSource"
     pools: dict[str, "PoolProvider"]
     prices: "PriceSource"
-    is_leader: Callable[[], bool]
-    """Asked before every tick; it (re)acquires leadership, so it is re-checked each time."""
     jobs: list[Job] = field(default_factory=list)
     """Periodic work for ``Daemon.add_job`` (the spot price refresh)."""
-    elector: Any = None
-    """The ``providers.leader`` elector, or ``None`` for backend none."""
     spot_prices: Any = None
     """``providers.aws.AwsSpotPrices`` when an AWS spot pool names an instance type."""
     interruptions: Any = None
@@ -59,45 +57,13 @@ class RealProviderSet:
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
-        """Hand leadership over at once and close connections (on shutdown)."""
+        """Close connections (on shutdown)."""
         for close in reversed(self._closers):
             try:
                 close()
             except Exception:  # noqa: BLE001 - shutting down: one failed close must not skip the rest
                 logger.exception("closing a real provider failed")
         self._closers.clear()
-
-
-def _leadership_check(elector: Any) -> Callable[[], bool]:
-    def is_leader() -> bool:
-        try:
-            return bool(elector.try_acquire())
-        except Exception as e:  # noqa: BLE001 - a check that cannot be made means: do not act
-            logger.warning("leadership check failed; standing by: %s", e)
-            return False
-
-    return is_leader
-
-
-def build_elector(cfg: "DaemonConfig", settings: RealSettings, *, api_client: Any = None,
-                  clock: "Clock | None" = None) -> Any:
-    """The elector the settings ask for (``None`` for backend none)."""
-    ls = settings.leader
-    backend = ls.resolved_backend(cfg.database.url)
-    if backend == "none":
-        return None
-    from providers.leader import KubernetesLeaseElector, PostgresAdvisoryLock
-
-    if backend == "postgres":
-        if not cfg.database.url.startswith(("postgresql", "postgres")):
-            raise ValueError(f"leader.backend is postgres but database.url ({cfg.database.url!r}) is not PostgreSQL")
-        return PostgresAdvisoryLock(cfg.database.url, name=ls.name, identity=ls.identity,
-                                    connect_timeout_s=ls.connect_timeout_s)
-    if api_client is None:
-        api_client = settings.kubernetes.api_client()
-    return KubernetesLeaseElector(api_client, namespace=ls.namespace(), name=ls.lease_name or f"{ls.name}-leader",
-                                  identity=ls.identity, lease_duration_s=ls.lease_duration_s, clock=clock,
-                                  request_timeout_s=settings.kubernetes.request_timeout_s)
 
 
 def discover_triton_replicas(cluster: "KubernetesCluster", cfg: "DaemonConfig",
@@ -161,7 +127,7 @@ def build_real_providers(
     ``dry_run`` defaults to the config's. ``kube_api`` (a ``kubernetes.client.ApiClient``),
     ``aws_session`` (a ``boto3.Session``) and ``gcp_credentials`` replace what the settings would
     build, for callers that hold their own. Raises ``ValueError`` when the settings cannot run
-    (no Prometheus section, a postgres leader on SQLite)."""
+    (no Prometheus section, references to unknown pools or models)."""
     settings = getattr(cfg.providers, "settings", None)
     if not isinstance(settings, RealSettings):
         raise ValueError(f"build_real_providers needs providers.type real, got {getattr(cfg.providers, 'type', None)!r}")
@@ -208,17 +174,13 @@ def build_real_providers(
         out_closers.append(fallback.close)
         metrics = CombinedMetricsSource(prom, fallback)
 
-    elector = build_elector(cfg, settings, api_client=api, clock=clock)
-    if elector is not None:
-        out_closers.append(elector.release)  # last closer first: hand over before disconnecting
     jobs: list[Job] = []
     if real.spot_prices is not None:
         jobs.append((real.spot_prices.refresh_job(clock), settings.aws.spot_price_refresh_s, "aws-spot-prices"))
     return RealProviderSet(
         metrics=metrics, pools=real.pools, prices=real.prices,
-        is_leader=_leadership_check(elector) if elector is not None else (lambda: True),
-        jobs=jobs, elector=elector, spot_prices=real.spot_prices, interruptions=real.interruptions,
+        jobs=jobs, spot_prices=real.spot_prices, interruptions=real.interruptions,
         api_client=api, _closers=out_closers)
 
 
-__all__ = ["Job", "RealProviderSet", "build_elector", "build_real_providers", "discover_triton_replicas"]
+__all__ = ["Job", "RealProviderSet", "build_real_providers", "discover_triton_replicas"]

@@ -142,6 +142,11 @@ class Repository:
     def engine(self) -> Engine:
         return self._engine
 
+    def ping(self) -> None:
+        """One round trip (``SELECT 1``); raises when the database cannot be reached."""
+        with self.engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+
     def close(self) -> None:
         """Release the connections (only of an engine the repository made)."""
         if self._owns_engine:

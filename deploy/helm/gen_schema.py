@@ -64,6 +64,9 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "topologySpread.whenUnsatisfiable": {"enum": ["ScheduleAnyway", "DoNotSchedule"]},
     "topologySpread.maxSkew": {"type": "integer", "minimum": 1},
     "terminationGracePeriodSeconds": {"type": "integer", "minimum": 0},
+    "leaderElection.backend": {"enum": ["", "lease", "database", "none"]},
+    "leaderElection.leaseDurationSeconds": {"type": "integer", "minimum": 1},
+    "leaderElection.retryPeriodSeconds": {"type": "integer", "minimum": 1},
 }
 """Values whose type in values.yaml says too little (enums, ranges, int-or-string)."""
 

@@ -165,6 +165,14 @@ def test_real_providers_without_cluster_credentials(tmp_path: Path) -> None:
               str(cfg), "providers.settings.kubernetes", "cannot load credentials", "kubeconfig")
 
 
+def test_lease_election_outside_a_cluster_without_credentials(tmp_path: Path) -> None:
+    """The chart's election (a Lease) copied to a laptop with the simulated fleet: one line, no traceback."""
+    cfg = write_config(tmp_path, leader_election={"backend": "lease", "lease_namespace": "default"})
+    missing = tmp_path / "kubeconfig"
+    one_error(tidegate("run", "--config", str(cfg), env={"KUBECONFIG": str(missing), "HOME": str(tmp_path)}),
+              str(cfg), "leader_election: backend lease", "cannot load credentials", "kubeconfig")
+
+
 def test_missing_policies_directory_refuses_to_start(tmp_path: Path) -> None:
     """`run` used to start and fail every tick forever: it must stop at once with the reason."""
     missing = tmp_path / "policies"

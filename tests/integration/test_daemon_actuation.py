@@ -59,7 +59,7 @@ from providers.cloudpool import CloudPoolProvider, CloudPoolSettings
 from providers.clock import ManualClock
 from providers.gcp import CALL_DELETE_INSTANCES, CALL_RESIZE, GcpSettings
 from providers.kubernetes import CALL_DELETION_COST, CALL_SCALE, KubernetesCluster, KubernetesSettings
-from providers.leader import libpq_dsn
+from providers.leader import LeaderElectionSettings, build_elector, libpq_dsn
 from providers.real import RealSettings
 from providers.wiring import build_real_providers, discover_triton_replicas
 from tests.integration.gcp_server import GcpComputeServer
@@ -170,8 +170,8 @@ class Cluster:
                 "aws": {"endpoint_url": aws.url, "retry": FAST_RETRY, "interruption_queue_url": self.queue_url,
                         "queue_poll_interval_s": 0},
                 "gcp": {"api_endpoint": gcp.url, "credentials": "anonymous", "retry": FAST_RETRY},
-                "leader": {},
             }},
+            "leader_election": {},
             "pools": [pool("onprem", "onprem", 8, 1, 9.0, 0), pool("aws-spot", "aws-spot", 4, 2, 4.0, 180),
                       pool("gcp-spot", "gcp-spot", 4, 2, 5.0, 120), pool("aws-od", "aws-ondemand", 4, 2, 12.0, 180)],
             "models": [{"name": "llama", "tp_degree": 2, "quantization": "fp8", "gpu_types": ["A100-80GB"],
@@ -183,12 +183,13 @@ class Cluster:
 
     def config(self, **leader: Any) -> DaemonConfig:
         raw = json.loads(json.dumps(self.raw))
-        raw["providers"]["settings"]["leader"].update(leader)
+        raw["leader_election"].update(leader)
         return DaemonConfig.model_validate(raw)
 
     def runtime(self, *, dry_run: bool | None = None, **leader: Any) -> Runtime:
         """The daemon as ``tidegate run`` builds it, with the scripted load as its metrics source."""
-        rt = build_runtime(self.config(**leader), clock=self.clock, dry_run=dry_run, environ={})
+        rt = build_runtime(self.config(**leader), clock=self.clock, dry_run=dry_run, environ={},
+                           election_clock=self.clock)
         self.runtimes.append(rt)
         rt.daemon.metrics_source = self.load
         rt.daemon.reload_policies()
@@ -556,8 +557,7 @@ def test_two_daemons_one_actuates_and_the_other_takes_over_when_the_leader_dies(
     election = f"t-{uuid.uuid4().hex}"
     a = c.runtime(name=election, identity="daemon-a")
     b = c.runtime(name=election, identity="daemon-b")
-    real_a, real_b = a.extras["real"], b.extras["real"]
-    assert type(real_a.elector).__name__ == "PostgresAdvisoryLock"  # the default on PostgreSQL
+    assert type(a.daemon.elector).__name__ == "PostgresAdvisoryLock"  # the default on PostgreSQL
     c.catch_up()
 
     leader_ticks = 0
@@ -589,7 +589,7 @@ def test_two_daemons_one_actuates_and_the_other_takes_over_when_the_leader_dies(
 
     # The leader dies: its lock session ends. The other daemon takes over on its very next tick,
     # rebuilds its history from the shared log, observes and acts (a burst to spot).
-    _terminate_session(pg_url, real_a.elector.backend_pid)
+    _terminate_session(pg_url, a.daemon.elector.backend_pid)  # type: ignore[union-attr]
     tb = c.tick(b, queue=8)
     assert tb.report.skipped is None
     leader_ticks += 1
@@ -612,17 +612,22 @@ def test_two_daemons_one_actuates_and_the_other_takes_over_when_the_leader_dies(
 
 def test_lease_leadership_is_wired_from_the_settings(cluster_factory: Any) -> None:
     c: Cluster = cluster_factory()
-    a, b = (build_real_providers(c.config(backend="lease", lease_namespace=c.home_ns, identity=who, lease_duration_s=15),
-                                 c.clock) for who in ("daemon-a", "daemon-b"))
+    cfgs = [c.config(backend="lease", lease_namespace=c.home_ns, identity=who, lease_duration_s=15)
+            for who in ("daemon-a", "daemon-b")]
+    # each elector's client is built from the daemon config, so its calls count as the daemon's
+    a, b = (build_elector(cfg.leader_election, database_url="sqlite://",
+                          api_client=cfg.providers.settings.kubernetes.api_client, clock=c.clock)  # type: ignore[union-attr]
+            for cfg in cfgs)
+    assert a is not None and b is not None
     try:
-        assert a.is_leader() and not b.is_leader() and a.is_leader()
+        assert a.try_acquire() and not b.try_acquire() and a.try_acquire()
         lease = k8s.CoordinationV1Api(c.api).read_namespaced_lease("tidegate-leader", c.home_ns)
         assert (lease.spec.holder_identity, lease.spec.lease_duration_seconds) == ("daemon-a", 15)
         c.clock.advance(16)  # daemon-a stopped renewing (it died): the lease has run out
-        assert b.is_leader() and not a.is_leader()
+        assert b.try_acquire() and not a.try_acquire()
     finally:
-        a.close()
-        b.close()
+        a.release()
+        b.release()
 
 
 # --- (e) dry-run -------------------------------------------------------------------------------
@@ -662,8 +667,9 @@ def test_settings_defaults_are_the_adapters_defaults() -> None:
     assert s.aws.to_settings() == AwsSettings()
     assert s.gcp.to_settings() == GcpSettings()
     assert s.cloud.build() == CloudPoolSettings()
-    assert s.leader.resolved_backend("postgresql+psycopg://u@h/db") == "postgres"
-    assert s.leader.resolved_backend("sqlite:///x.db") == "none"
+    election = LeaderElectionSettings()
+    assert election.resolved_backend("postgresql+psycopg://u@h/db") == "database"
+    assert election.resolved_backend("sqlite:///x.db") == "none"
     assert s.kubernetes.use_in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
     assert not s.kubernetes.use_in_cluster({})
     extra = RealSettings.model_validate({"kubernetes": {"extra_interruption_taints": {"example.com/going": "interruption"}}})

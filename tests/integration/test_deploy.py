@@ -318,7 +318,6 @@ def test_daemon_pod_is_hardened_and_probed(renders: dict[str, list[dict[str, Any
         assert mounts["/etc/tidegate/config.yaml"]["subPath"] == "config.yaml"
         assert {"/tmp", "/var/lib/tidegate"} <= set(mounts)
         env = {e["name"]: e for e in c["env"]}
-        assert env["TIDEGATE_LEADER_ELECTION"]["value"] == "true"
         if name != "default":
             for var in ("TIDEGATE_ADMIN_TOKENS", "TIDEGATE_VIEWER_TOKENS", "TIDEGATE_DATABASE_URL"):
                 assert env[var]["valueFrom"]["secretKeyRef"]["name"]
