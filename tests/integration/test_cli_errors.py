@@ -26,7 +26,7 @@ from controller.cli import main
 from controller.core.model import ModelSpec, ReplicaCapacity
 from controller.db.models import DecisionRow
 from controller.demo import demo_config_path
-from providers.exporters import LocalPrometheus, free_port
+from tests.integration.exporters import LocalPrometheus, free_port
 from providers.prometheus import PrometheusSettings
 from tests.integration.conftest import prometheus_binary_or_skip
 from tests.integration.daemon_harness import make_harness  # noqa: F401 (fixture)
