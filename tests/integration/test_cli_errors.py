@@ -113,7 +113,8 @@ def test_sqlite_database_in_a_missing_folder(tmp_path: Path, command: str) -> No
 
 @pytest.mark.parametrize("url,needles", [
     ("sqlit:/x", ["'sqlit:/x'", "cannot be parsed", "sqlite:///PATH"]),
-    ("postgresql://tidegate@db:5432/log", ["'psycopg2'", "postgresql+psycopg://tidegate@db:5432/log"]),
+    # psycopg2 named explicitly (a bare postgresql:// means psycopg2 before SQLAlchemy 2.1, psycopg 3 after)
+    ("postgresql+psycopg2://tidegate@db:5432/log", ["'psycopg2'", "postgresql+psycopg://tidegate@db:5432/log"]),
     ("mysql://u@h/db", ["'mysql'", "not support"]),
 ])
 def test_malformed_database_url(tmp_path: Path, url: str, needles: list[str]) -> None:
