@@ -27,7 +27,7 @@ from cryptography.x509.oid import NameOID
 
 from controller.core.model import ModelSignals, ModelSpec, PoolKind, PoolSpec, ReplicaCapacity
 from controller.core.pricing import OnPremCost, onprem_node_price
-from providers.exporters import (
+from tests.integration.exporters import (
     Histogram,
     HistogramRamp,
     LocalPrometheus,
