@@ -32,8 +32,9 @@ pool state (as it reads Kubernetes and the clouds). Everything random is seeded:
 function of its inputs and seed.
 
 Cost: cloud nodes are billed from order to release (provisioning included); on-prem nodes at their
-amortized price while they hold a pod (``onprem_cost="used"``, the daemon's own cost view) or all
-the time (``"always"``). Billing stops at the end of the workload; requests still in flight then are
+amortized price while they hold a pod (``onprem_cost="used"``) or all the time (``"always"``).
+Controllers see the cost per million tokens the daemon would show: ``controller.core.pricing`` over
+the pools' replicas and the scraped token rate, the function the budget prices placements with. Billing stops at the end of the workload; requests still in flight then are
 served to completion (up to ``drain_s``) for the latency figures.
 """
 
