@@ -52,7 +52,14 @@ from typing import Any, Callable, Literal, Mapping, Protocol
 import numpy as np
 
 from controller.core.model import ModelSignals, ModelSpec, PoolSpec, PoolState, Sample
-from controller.core.pricing import S_PER_HOUR, pool_price, usd_per_million_tokens, with_cost
+from controller.core.pricing import (
+    S_PER_HOUR,
+    cost_per_million_tokens_usd,
+    model_cost_per_hour_usd,
+    pool_price,
+    price_pools,
+    usd_per_million_tokens,
+)
 from controller.sim.service import (
     TAIL_U,
     TAIL_W,
@@ -330,6 +337,9 @@ class Simulation:
         self.obs_version = -1
         self.obs_cache: tuple[dict[str, PoolState], dict[str, int], dict[str, int], dict[str, int]] | None = None
         self.obs_expiry = INF
+        self.obs_cost_h: Sample = Sample(None, None, "NotObserved")
+        """The fleet's cost per hour as the daemon prices it (``controller.core.pricing``), recomputed
+        with the pool states it depends on."""
         self.applied_version = -1
         self.scrape_samples: dict[str, Sample] = {}
         self.killed_requests = 0
@@ -1064,8 +1074,9 @@ class Simulation:
             interrupted_replicas=noticed, recent_interruptions=len(pool.notices), price_per_node_hour_usd=None, at=at)
 
     def _pool_views(self, at: datetime) -> tuple[dict[str, PoolState], dict[str, int], dict[str, int], dict[str, int]]:
-        """Pool states and counts, recomputed only when the fleet changed (or a recent
-        interruption ages out of its window, or a pool is blocked: both depend on time)."""
+        """Pool states (priced), counts and the fleet's cost per hour, recomputed only when the fleet
+        changed (or a recent interruption ages out of its window, or a pool is blocked: both depend
+        on time)."""
         now = self.now
         if (self.obs_cache is not None and self.obs_version == self.version and now < self.obs_expiry
                 and not any(p.blocked for p in self.pools.values())):
@@ -1076,6 +1087,8 @@ class Simulation:
         pending = {n: sum(1 for q in p.pods if q.state == P_PENDING) for n, p in self.pools.items()}
         ready = {n: st.ready_replicas or 0 for n, st in pools.items()}
         desired = {n: p.desired for n, p in self.pools.items()}
+        pools, notes = price_pools(self.model, self.setup.pools, pools, at)
+        self.obs_cost_h = model_cost_per_hour_usd(self.model, self.setup.pools, pools, at, notes)
         self.obs_cache = (pools, pending, ready, desired)
         self.obs_version = self.version
         return self.obs_cache
@@ -1093,9 +1106,10 @@ class Simulation:
             output_tokens_per_s=samples.get("output_tokens_per_s", missing),
             input_tokens_per_s=samples.get("input_tokens_per_s", missing),
             kv_cache_utilization_pct=samples.get("kv_cache_utilization_pct", missing),
+            # cost per token as the daemon shows it (and the budget prices it): one pricing module
+            cost_per_million_tokens_usd=cost_per_million_tokens_usd(
+                self.obs_cost_h, samples.get("output_tokens_per_s", missing), at),
             pools=pools)
-        # Cost per token as the daemon shows it (and the budget prices it): one pricing module.
-        sig = with_cost(sig, self.model, self.setup.pools, at)
         win = self.opt.rate_window_s
         if self.mode == "requests":
             lo = bisect_left(self.arrivals, self.now - win, 0, self.next_req)
