@@ -50,11 +50,9 @@ from controller.core.overrides import resolve
 from controller.core.placement import place, placement_cost, preferred_pool
 from controller.core.policy import EffectivePolicy
 from controller.core.reasons import Reason
+from controller.core.signals import pooled_signal_names
 from controller.core.spec import OnMissing, PolicySpec
 from policies.base import PolicyContext, SLOTargets
-
-_SAMPLE_NAMES = ("queue_depth", "p99_latency_ms", "gpu_utilization_pct", "request_rate_per_s",
-                 "output_tokens_per_s", "input_tokens_per_s", "kv_cache_utilization_pct")
 
 STAGES = ("recommend", "combine", "tolerance", "missing-data", "stabilize", "rate-limit", "bounds",
           "overrides", "placement", "budget", "outcome")
@@ -229,7 +227,7 @@ def decide(
     # fallback average is good enough to add capacity, never to release it.
     # Likewise a sample that covers only some pools ("Partial": the others were invalid) is a lower
     # bound: HPA's asymmetry, the replicas we could not see may be busy, so it never scales down.
-    partial = [n for n in _SAMPLE_NAMES if (getattr(signals, n).reason or "").startswith("Partial")]
+    partial = [n for n in pooled_signal_names() if (signals.sample(n).reason or "").startswith("Partial")]
     if spec.missing_data.on_missing is OnMissing.HOLD and not missing:
         if signals.degraded:
             missing = [Recommendation(rule=f"degraded: {signals.degraded}", kind="observation", replicas=None,
