@@ -15,7 +15,8 @@ means. Everything else derives from this table instead of listing the names agai
   and combines pools as the row says;
 - the signals a ``target-utilization`` or ``queue-depth`` rule may name are the ``ModelSignals``
   rows, and the reason code above the target is the row's;
-- the README's signal table is generated from it (``python -m controller.docs README.md``).
+- the README's signal table is generated from it (``controller.docs``; ``python -m controller.docs
+  README.md`` rewrites it).
 
 Adding a signal touches this table, the source that measures it, and the policy that reads it.
 
@@ -91,7 +92,8 @@ class Signal:
     idle pool (rate 0) into ``NoRequests``."""
 
 
-_HOLD = "Missing data: the rules that read it have no opinion and, with `on_missing: hold`, capacity is never released."
+_HOLD = ("Missing data: a rule that reads it has no opinion and, with `on_missing: hold`, blocks any scale-down"
+         " (other rules may still scale up).")
 
 # The join that gives DCGM's per-GPU series the serving pod's model and pool: a 0-valued marker per
 # (namespace, pod, model, pool) from Triton's own series, plus the pod's GPU value. Pre-aggregating
@@ -183,7 +185,7 @@ SIGNALS: tuple[Signal, ...] = (
         "cost_per_million_tokens_usd", "USD per million output tokens", Combine.MODEL,
         "The model's cost per hour (all its pools) over its output tokens per hour.",
         "Undefined while no output token is served; missing while the token rate or a pool's cost is unknown."
-        " Either way the rules that read it have no opinion.",
+        " Either way missing data for a rule that reads it.",
         Reason.UTILIZATION_ABOVE_TARGET,
     ),
     Signal(
@@ -223,14 +225,3 @@ def pooled_signal_names() -> tuple[str, ...]:
 def queried_signals() -> tuple[Signal, ...]:
     """The rows the Prometheus source can query, in table order."""
     return tuple(s for s in SIGNALS if s.promql is not None)
-
-
-def readme_table() -> str:
-    """The README's signal table (Markdown)."""
-    rows = ["| signal | unit | pools combine | meaning | when missing | default PromQL |",
-            "| --- | --- | --- | --- | --- | --- |"]
-    for s in SIGNALS:
-        query = f"`{s.promql.replace('|', chr(92) + '|')}`" if s.promql else "none (computed)"
-        where = "" if s.model_signal else " Per pool only, not a `ModelSignals` sample."
-        rows.append(f"| `{s.name}` | {s.unit} | {s.combine.value} | {s.description}{where} | {s.missing} | {query} |")
-    return "\n".join(rows)
