@@ -92,8 +92,9 @@ class Signal:
     idle pool (rate 0) into ``NoRequests``."""
 
 
-_HOLD = ("Missing data: a rule that reads it has no opinion and, with `on_missing: hold`, blocks any scale-down"
-         " (other rules may still scale up).")
+_MISSING_DATA = ("missing data: a rule that reads it has no opinion and, with `on_missing: hold`, blocks any"
+                 " scale-down (other rules may still scale up).")
+_HOLD = "M" + _MISSING_DATA[1:]
 
 # The join that gives DCGM's per-GPU series the serving pod's model and pool: a 0-valued marker per
 # (namespace, pod, model, pool) from Triton's own series, plus the pod's GPU value. Pre-aggregating
@@ -116,8 +117,8 @@ SIGNALS: tuple[Signal, ...] = (
     Signal(
         "p99_latency_ms", "ms", Combine.MAX,
         "p99 end-to-end request latency; a mean (reason AverageNotP99) where only Triton's duration counters exist.",
-        "Undefined while the model is idle (reason NoRequests, or a fresh request rate of 0): nothing to guard,"
-        " not missing data. Otherwise missing data, as for the others.",
+        "Undefined while the model is idle (reason NoRequests, or a fresh request rate of 0): slo-guard then has"
+        " no latency to guard, which is not missing data. Otherwise " + _MISSING_DATA,
         Reason.LATENCY_ABOVE_TARGET,
         promql='label_replace(max by (${model}, ${pool}) (nv_inference_request_summary_us{quantile="0.99"}) / 1000,'
                ' "tidegate_estimate", "p99", "", "")'
