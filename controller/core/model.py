@@ -199,13 +199,14 @@ class ModelSignals:
                  **named: Sample) -> None:
         names = signal_table.model_signal_names()
         given = {**samples, **named} if samples else named
-        unknown = [n for n in given if n not in names]
-        if unknown:
+        full = {n: given.get(n, MISSING) for n in names}
+        if any(n not in full for n in given):
+            unknown = [n for n in given if n not in full]
             raise TypeError(f"ModelSignals has no signal {', '.join(map(repr, unknown))} "
                             f"(the signal table has: {', '.join(names)})")
         object.__setattr__(self, "model", model)
         object.__setattr__(self, "at", at)
-        object.__setattr__(self, "samples", {n: given.get(n, MISSING) for n in names})
+        object.__setattr__(self, "samples", full)
         object.__setattr__(self, "pools", {} if pools is None else pools)
         object.__setattr__(self, "degraded", degraded)
 

@@ -205,22 +205,44 @@ SIGNALS: tuple[Signal, ...] = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class _Index:
+    table: tuple[Signal, ...]
+    by_name: dict[str, Signal]
+    model: tuple[str, ...]
+    pooled: tuple[str, ...]
+
+
+_index: _Index | None = None
+
+
+def _indexed() -> _Index:
+    """Lookups over ``SIGNALS``, rebuilt when ``SIGNALS`` is another tuple (a test's copy): the
+    decision core asks for them several times per decision, millions of times in the simulator."""
+    global _index
+    if _index is None or _index.table is not SIGNALS:
+        _index = _Index(SIGNALS, {s.name: s for s in SIGNALS},
+                        tuple(s.name for s in SIGNALS if s.model_signal),
+                        tuple(s.name for s in SIGNALS if s.model_signal and s.combine is not Combine.MODEL))
+    return _index
+
+
 def signal(name: str) -> Signal:
     """The row named ``name`` (``KeyError`` naming the known ones otherwise)."""
-    for s in SIGNALS:
-        if s.name == name:
-            return s
-    raise KeyError(f"unknown signal {name!r} (known: {', '.join(s.name for s in SIGNALS)})")
+    try:
+        return _indexed().by_name[name]
+    except KeyError:
+        raise KeyError(f"unknown signal {name!r} (known: {', '.join(s.name for s in SIGNALS)})") from None
 
 
 def model_signal_names() -> tuple[str, ...]:
     """The ``ModelSignals`` samples, in table order."""
-    return tuple(s.name for s in SIGNALS if s.model_signal)
+    return _indexed().model
 
 
 def pooled_signal_names() -> tuple[str, ...]:
     """The ``ModelSignals`` samples combined from pools (which can therefore cover only some)."""
-    return tuple(s.name for s in SIGNALS if s.model_signal and s.combine is not Combine.MODEL)
+    return _indexed().pooled
 
 
 def queried_signals() -> tuple[Signal, ...]:
