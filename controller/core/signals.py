@@ -55,6 +55,8 @@ class Combine(str, enum.Enum):
 
     def apply(self, values: Iterable[float]) -> float:
         """The model's value from its pools' values (at least one)."""
+        if self is Combine.MODEL:
+            raise ValueError("a model-wide signal is computed for the model, not combined from pools")
         vals = list(values)
         if self is Combine.MAX:
             return max(vals)

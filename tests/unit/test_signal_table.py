@@ -80,6 +80,8 @@ def test_a_new_pooled_signal_covering_only_some_pools_holds_scale_down(with_fake
 
 def test_combine_rules() -> None:
     assert [c.apply([2.0, 6.0]) for c in (Combine.SUM, Combine.MAX, Combine.MEAN)] == [8.0, 6.0, 4.0]
+    with pytest.raises(ValueError, match="model-wide"):
+        Combine.MODEL.apply([2.0, 6.0])
 
 
 # Modules allowed to spell signal names: the table, the sources that measure signals (their
