@@ -229,21 +229,19 @@ def _opinions(policy: EffectivePolicy, history: History, make_ctx: Callable[...,
         rec = _ask(rule, make_ctx(state=old_state.get(rule.rule, _EMPTY_STATE)))
         recs.append(rec)
         rule_state[rule.rule] = rec.state
+    targets = [r for r in recs if r.replicas is not None and r.opinion is not Opinion.FLOOR]
+    floors = [r for r in recs if r.replicas is not None and r.opinion is Opinion.FLOOR]
+    missing = tuple(r for r in recs if r.missing_data)
+    return _Opinions(tuple(recs), rule_state, _largest(targets), len(targets), _largest(floors), missing)
+
+
+def _largest(recs: list[Recommendation]) -> Recommendation | None:
+    """The opinion with the most replicas; the first of equals."""
     best: Recommendation | None = None
-    floor: Recommendation | None = None
-    n_targets = 0
     for rec in recs:
-        if rec.replicas is None:
-            continue
-        if rec.opinion is Opinion.FLOOR:
-            if floor is None or rec.replicas > (floor.replicas or 0):
-                floor = rec
-            continue
-        n_targets += 1
-        if best is None or rec.replicas > (best.replicas or 0):
+        if best is None or (rec.replicas or 0) > (best.replicas or 0):
             best = rec
-    missing = tuple(rec for rec in recs if rec.missing_data)
-    return _Opinions(tuple(recs), rule_state, best, n_targets, floor, missing)
+    return best
 
 
 def _no_target(op: _Opinions) -> tuple[str, str]:

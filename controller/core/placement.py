@@ -402,16 +402,25 @@ def _trim_to_budget(views: list[_Pool], cap: float | None) -> _Trim:
     order = sorted((p for p in views if p.replicas > 0 and p.price > 0),
                    key=lambda p: (p.tier == _ONPREM, p.pinned, -p.tier, -p.eff_cost, -p.priority, p.name))
     for p in order:
-        while p.replicas > 0 and cost > cap + _EPS_USD:
-            last_node = p.replicas - (p.nodes() - 1) * p.per_node
-            p.replicas -= last_node
-            removed += last_node
-            cost -= p.price
-            onprem = onprem or p.tier == _ONPREM
+        n, cost = _remove_nodes(p, cost, cap)
+        removed += n
+        onprem = onprem or (n > 0 and p.tier == _ONPREM)
         if cost <= cap + _EPS_USD:
             break
     event = (Reason.BUDGET_CAP_REACHED.value, f"${before:.2f}/h over the ${cap:.2f}/h cap: removed {removed} replicas")
     return _Trim(sum(p.cost() for p in views), removed, onprem, [event])
+
+
+def _remove_nodes(p: _Pool, cost: float, cap: float) -> tuple[int, float]:
+    """Remove ``p``'s replicas a whole node at a time while the cost is above the cap:
+    (replicas removed, new cost)."""
+    removed = 0
+    while p.replicas > 0 and cost > cap + _EPS_USD:
+        last_node = p.replicas - (p.nodes() - 1) * p.per_node
+        p.replicas -= last_node
+        removed += last_node
+        cost -= p.price
+    return removed, cost
 
 
 def _ranked(views: list[_Pool], tier: int) -> list[_Pool]:
@@ -487,20 +496,25 @@ def _first_affordable(candidates: list[_Pool], cost: float, cap: float | None,
 def _repair_spread(views: list[_Pool], cost: float, cap: float | None, spread: int) -> list[tuple[str, str]]:
     """Step 5, spread repair: more than one spot replica should not sit in fewer pools than asked
     for; move replicas from the fullest spot pool to the cheapest empty one, within the budget."""
-    if spread < 2:
-        return []
     spot = [p for p in views if p.tier == _SPOT and p.usable]
-    target = min(spread, sum(p.replicas for p in spot))
+    target = min(spread, sum(p.replicas for p in spot)) if spread >= 2 else 0
     nonempty = sum(1 for p in spot if p.replicas > 0)
     if target < 2 or nonempty >= target:
         return []
+    return _spread_moves(spot, target, target - nonempty, cost, cap)
+
+
+def _spread_moves(spot: list[_Pool], target: int, moves: int, cost: float, cap: float | None
+                  ) -> list[tuple[str, str]]:
+    """Up to ``moves`` single-replica moves from the fullest spot pool to the cheapest empty one
+    that takes replicas and fits within the cap; the events say what moved, or that the budget
+    stopped it."""
     dests = sorted((p for p in spot if p.accepts and p.replicas == 0 and p.capacity > 0), key=_Pool.rank)
     events: list[tuple[str, str]] = []
-    while nonempty < target and dests:
-        sources = [p for p in spot if not p.pinned and p.replicas >= 2]
-        if not sources:
+    while len(events) < moves and dests:
+        src = _spread_source(spot)
+        if src is None:
             break
-        src = max(sources, key=lambda p: (p.replicas, p.eff_cost, p.name))
         moved_to, delta = _first_affordable(dests, cost, cap, src.remove_saving())
         if moved_to is None:
             events.append((Reason.BUDGET_CAP_REACHED.value,
@@ -509,20 +523,28 @@ def _repair_spread(views: list[_Pool], cost: float, cap: float | None, spread: i
         src.replicas -= 1
         moved_to.replicas += 1
         cost += delta
-        nonempty += 1
         dests.remove(moved_to)
         events.append((Reason.PLACED.value, f"spot spread: moved 1 from {src.name} to {moved_to.name}"))
     return events
+
+
+def _spread_source(spot: list[_Pool]) -> _Pool | None:
+    """The spot pool a replica moves from to spread: the fullest unpinned one holding two or more
+    (ties: the dearer, then the later name)."""
+    sources = [p for p in spot if not p.pinned and p.replicas >= 2]
+    return max(sources, key=lambda p: (p.replicas, p.eff_cost, p.name)) if sources else None
+
+
+def _room(views: list[_Pool], allow_on_demand: bool) -> int:
+    """Replicas the pools that take new ones could still hold."""
+    return sum(p.capacity - p.replicas for p in views if p.accepts and (p.tier != _ONDEMAND or allow_on_demand))
 
 
 def _shortfall(views: list[_Pool], want: int, cap: float | None, allow_on_demand: bool,
                budget_removed: int) -> _Shortfall:
     """Whether the placement falls short of ``want`` for lack of room or of budget."""
     short = want - sum(p.replicas for p in views)
-    room = 0
-    if short > 0:
-        room = sum(p.capacity - p.replicas for p in views
-                   if p.accepts and (p.tier != _ONDEMAND or allow_on_demand))
+    room = _room(views, allow_on_demand) if short > 0 else 0
     capacity_limited = short > room
     events: list[tuple[str, str]] = []
     if capacity_limited:
