@@ -17,10 +17,14 @@ raw opinions; the framework owns the safeguards, as in Ray Serve and the HPA):
 10. ``budget``       the cost ceilings, integrated into placement: the best placement within them
 11. ``outcome``      whether to actuate, and the scale event for the rate limits' memory
 
-Each stage appends a ``Stage`` (replicas after it, a reason code, a message with the numbers).
-A stage that changes (or holds) the value sets the decision's ``reason``; a stage that lets the
-value pass repeats the reason in force. ``Decision.reason`` thus answers "why this many": the code
-of the last stage that determined the total, or, when only the placement moved, the placement's
+Each stage is a function of its own, named after it (``_recommend``, ``_combine``, ...,
+``_outcome``; HPA's shape: one step, one value, one reason), and ``decide`` is the sequence of
+their calls. Each returns the total and the reason in force after it together with its trace
+entry, a ``Stage`` (replicas after it, a reason code, a message with the numbers); the budget is
+two calls, ``_cost_cap`` (the ceiling, before placing) and ``_budget`` (its entry, after). A stage
+that changes (or holds) the value sets the decision's ``reason``; a stage that lets the value pass
+repeats the reason in force. ``Decision.reason`` thus answers "why this many": the code of the
+last stage that determined the total, or, when only the placement moved, the placement's
 (``SpotInterrupted``, ``OverrideDrain``...); ``Paused`` and ``OverrideFreeze`` when not acting.
 
 Nothing here reads the clock (``now`` is an argument), does I/O, or builds pydantic models: the

@@ -26,6 +26,11 @@ rules, in the order they apply:
    the cheapest empty one, within the budget. Interruptions hit one pool at a time; a spread
    fleet survives them.
 
+Each rule is a function of ``place``'s (``_keep_valid``, ``_trim_excess``, ``_trim_to_budget``,
+``_fill``, ``_repair_spread``, then ``_shortfall`` and ``_reason`` for what shaped the result);
+they work on private per-pool views and return what they did with their events (reason code,
+message), which ``PlacementResult.events`` lists in that order.
+
 Cost = sum over pools of whole nodes for the replicas times the node price per hour.
 """
 
