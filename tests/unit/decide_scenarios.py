@@ -21,14 +21,13 @@ import sys
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from controller.core.model import (
     Decision,
     History,
     ModelSignals,
     ModelSpec,
-    Opinion,
     Override,
     OverrideKind,
     PoolKind,
@@ -41,47 +40,38 @@ from controller.core.model import (
 from controller.core.policy import EffectivePolicy
 from controller.core.reasons import Reason
 from controller.core.spec import PolicySpec
-from policies.base import PolicyContext, PolicyKind, Registry, StrictParams
+from policies.base import PolicyContext, PolicyKind, Registry
 from policies.forecast import Forecast
 from policies.queue_depth import QueueDepth
 from policies.schedule import Schedule
 from policies.slo_guard import SloGuard
-from policies.target_utilization import TargetUtilization
+from policies.target_utilization import SIGNAL_NAMES, TargetUtilization
+from tests.unit.test_pipeline import Fixed
 
 START = datetime(2025, 3, 3, 7, 50, tzinfo=timezone.utc)
 TICKS = 4
 GPUS = ("A100", "H100", "L4")
-SAMPLES = ("queue_depth", "p99_latency_ms", "gpu_utilization_pct", "request_rate_per_s",
-           "output_tokens_per_s", "input_tokens_per_s", "kv_cache_utilization_pct",
-           "cost_per_million_tokens_usd")
+SAMPLES = SIGNAL_NAMES
 
 
-class Scripted(PolicyKind):
-    """A kind that does what its params say: a target or a floor, no opinion, raise, or nonsense."""
+class Scripted(Fixed):
+    """``Fixed`` (a target or a floor, or no opinion for lack of data) that can also raise or
+    return nonsense, which the pipeline must turn into no opinion."""
 
     name = "scripted"
 
-    class Params(StrictParams):
-        replicas: int | None = None
-        floor: bool = False
-        missing: bool = False
-        mode: str = "ok"
+    class Params(Fixed.Params):
+        mode: Literal["ok", "raise", "not-a-recommendation", "negative"] = "ok"
 
     def recommend(self, ctx: PolicyContext) -> Recommendation:
-        p = self.params
-        assert isinstance(p, Scripted.Params)
-        if p.mode == "raise":
+        mode = getattr(self.params, "mode", "ok")
+        if mode == "raise":
             raise RuntimeError("kaput")
-        if p.mode == "not-a-recommendation":
+        if mode == "not-a-recommendation":
             return "nine"  # type: ignore[return-value]
-        if p.mode == "negative":
+        if mode == "negative":
             return Recommendation(self.rule, self.name, -3, Reason.QUEUE_ABOVE_TARGET.value)
-        if p.missing:
-            return Recommendation(self.rule, self.name, None, Reason.METRIC_MISSING.value, "gone", missing_data=True)
-        n = int(ctx.state.get("n", 0)) + 1
-        return Recommendation(self.rule, self.name, p.replicas, Reason.LATENCY_ABOVE_TARGET.value,
-                              f"scripted, tick {n}", opinion=Opinion.FLOOR if p.floor else Opinion.TARGET,
-                              state={"n": n})
+        return super().recommend(ctx)
 
 
 REGISTRY = Registry([SloGuard, TargetUtilization, QueueDepth, Schedule, Forecast, Scripted])
@@ -311,10 +301,12 @@ def golden_lines(decide: Callable[..., Decision]) -> list[str]:
     return [json.dumps(records(seed, decide), separators=(",", ":")) for seed in SEEDS]
 
 
-def write_golden() -> None:
-    """Rewrite the golden file from the current ``decide``. Only when a change of behaviour is
-    intended, and say so in the commit: the file is what proves refactorings change nothing."""
-    from controller.core.pipeline import decide
+def write_golden(decide: Callable[..., Decision] | None = None) -> None:
+    """Rewrite the golden file from ``decide`` (default: the current one). Only when a change of
+    behaviour is intended, and say so in the commit: the file is what proves refactorings change
+    nothing."""
+    if decide is None:
+        from controller.core.pipeline import decide
 
     GOLDEN.parent.mkdir(exist_ok=True)
     data = "".join(line + "\n" for line in golden_lines(decide)).encode()
