@@ -72,6 +72,7 @@ _EMPTY_STATE: Mapping[str, Any] = {}
 _TOKENS_PER_MILLION = 1e6
 _S_PER_HOUR = 3600.0
 
+
 class _Step(NamedTuple):
     """What one stage leaves for the next: the total and the reason in force after it, and the
     stage's own trace entry (whose reason differs where the stage only reports, e.g. ``combine``'s
@@ -108,6 +109,8 @@ class _Cap(NamedTuple):
 
 
 class _Outcome(NamedTuple):
+    """Stage 11's value: what the decision carries out (or, frozen or paused, does not)."""
+
     placement: Mapping[str, int]
     replicas: int
     reason: str
@@ -253,7 +256,8 @@ def _no_target(op: _Opinions) -> tuple[str, str]:
     if not op.recs:
         return Reason.NO_RULES.value, "policy has no rules"
     if op.missing:
-        return Reason.METRIC_MISSING.value, "no target opinion (missing data: " + ", ".join(r.rule for r in op.missing) + ")"
+        names = ", ".join(r.rule for r in op.missing)
+        return Reason.METRIC_MISSING.value, f"no target opinion (missing data: {names})"
     return Reason.NO_RULES.value, "no rule has a target opinion"
 
 
@@ -274,8 +278,8 @@ def _combine(op: _Opinions, rec: _Step, current: int) -> _Step:
         _, why = _no_target(op)
         return _Step(current, rec.reason, Stage("combine", current, rec.reason, f"{why}: hold current {current}"))
     code = Reason.MAX_OF_RECOMMENDATIONS.value if op.n_targets > 1 else rec.reason
-    return _Step(rec.value, rec.reason, Stage("combine", rec.value, code,
-                                              f"max of {op.n_targets} target opinion(s) = {rec.value} ({op.best.rule})"))
+    msg = f"max of {op.n_targets} target opinion(s) = {rec.value} ({op.best.rule})"
+    return _Step(rec.value, rec.reason, Stage("combine", rec.value, code, msg))
 
 
 def _safeguard(name: str, prev: _Step, step: stab.Step) -> _Step:
@@ -302,9 +306,9 @@ def _observation_gaps(signals: ModelSignals) -> tuple[Recommendation, ...]:
     if signals.degraded:
         return (Recommendation(rule=f"degraded: {signals.degraded}", kind="observation", replicas=None,
                                reason=Reason.METRIC_MISSING.value, missing_data=True),)
-    partial = [n for n in _SAMPLE_NAMES if (getattr(signals, n).reason or "").startswith("Partial")]
-    if partial:
-        return (Recommendation(rule=f"partial data: {', '.join(partial)}", kind="observation",
+    partial_samples = [n for n in _SAMPLE_NAMES if (getattr(signals, n).reason or "").startswith("Partial")]
+    if partial_samples:
+        return (Recommendation(rule=f"partial data: {', '.join(partial_samples)}", kind="observation",
                                replicas=None, reason=Reason.METRIC_MISSING.value, missing_data=True),)
     return ()
 
