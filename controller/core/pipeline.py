@@ -236,19 +236,25 @@ def _opinions(policy: EffectivePolicy, history: History, make_ctx: Callable[...,
         rec = _ask(rule, make_ctx(state=old_state.get(rule.rule, _EMPTY_STATE)))
         recs.append(rec)
         rule_state[rule.rule] = rec.state
-    targets = [r for r in recs if r.replicas is not None and r.opinion is not Opinion.FLOOR]
-    floors = [r for r in recs if r.replicas is not None and r.opinion is Opinion.FLOOR]
-    missing = tuple(r for r in recs if r.missing_data)
-    return _Opinions(tuple(recs), rule_state, _largest(targets), len(targets), _largest(floors), missing)
+    return _sorted_opinions(tuple(recs), rule_state)
 
 
-def _largest(recs: list[Recommendation]) -> Recommendation | None:
-    """The opinion with the most replicas; the first of equals."""
+def _sorted_opinions(recs: tuple[Recommendation, ...], rule_state: dict[str, Mapping[str, Any]]) -> _Opinions:
+    """The largest target (the first of equals), the largest floor, the rules missing data."""
     best: Recommendation | None = None
+    floor: Recommendation | None = None
+    n_targets = 0
     for rec in recs:
-        if best is None or (rec.replicas or 0) > (best.replicas or 0):
+        if rec.replicas is None:
+            continue
+        if rec.opinion is Opinion.FLOOR:
+            if floor is None or rec.replicas > (floor.replicas or 0):
+                floor = rec
+            continue
+        n_targets += 1
+        if best is None or rec.replicas > (best.replicas or 0):
             best = rec
-    return best
+    return _Opinions(recs, rule_state, best, n_targets, floor, tuple(rec for rec in recs if rec.missing_data))
 
 
 def _no_target(op: _Opinions) -> tuple[str, str]:
@@ -333,10 +339,10 @@ def _missing_data(prev: _Step, missing: tuple[Recommendation, ...], signals: Mod
                                       f"missing data ({names}): {value} >= current {current} passes"))
 
 
-def _stabilize(prev: _Step, current: int, history: History, now: datetime, behavior: Behavior
+def _stabilize(prev: _Step, current: int, history: History, now: datetime, behavior: Behavior, keep_s: float
                ) -> tuple[tuple[tuple[datetime, int], ...], _Step]:
-    """Stage 5: HPA stabilization windows; also the recommendations the next tick remembers."""
-    keep_s, _ = stab.keep_seconds(behavior)
+    """Stage 5: HPA stabilization windows; also the recommendations the next tick remembers (for
+    ``keep_s`` seconds)."""
     recommendations = stab.prune_recommendations(history.recommendations, now, keep_s)
     step = stab.stabilize(prev.value, current, now, recommendations, up_window_s=behavior.scale_up.stabilization_s,
                           down_window_s=behavior.scale_down.stabilization_s)
@@ -344,10 +350,9 @@ def _stabilize(prev: _Step, current: int, history: History, now: datetime, behav
     return kept, _safeguard("stabilize", prev, step)
 
 
-def _rate_limit(prev: _Step, current: int, history: History, now: datetime, behavior: Behavior
+def _rate_limit(prev: _Step, current: int, history: History, now: datetime, behavior: Behavior, keep_s: float
                 ) -> tuple[tuple[ScaleEvent, ...], _Step]:
-    """Stage 6: cooldowns, then HPA rate limits; also the scale events still within a period."""
-    _, keep_s = stab.keep_seconds(behavior)
+    """Stage 6: cooldowns, then HPA rate limits; also the scale events younger than ``keep_s``."""
     events = stab.prune_events(history.scale_events, now, keep_s)
     step = stab.rate_limit(prev.value, current, now, events, up=behavior.scale_up, down=behavior.scale_down)
     return events, _safeguard("rate-limit", prev, step)
@@ -509,8 +514,9 @@ def decide(
     combined = _combine(op, recommended, current)
     tolerated = _tolerance(combined, current, spec.behavior)
     guarded = _missing_data(tolerated, op.missing, signals, current, spec.missing_data)
-    recommendations, stabilized = _stabilize(guarded, current, history, now, spec.behavior)
-    events, limited = _rate_limit(stabilized, current, history, now, spec.behavior)
+    rec_keep_s, event_keep_s = stab.keep_seconds(spec.behavior)
+    recommendations, stabilized = _stabilize(guarded, current, history, now, spec.behavior, rec_keep_s)
+    events, limited = _rate_limit(stabilized, current, history, now, spec.behavior, event_keep_s)
     effect = resolve(overrides, model=model, now=now)
     lo, bounded = _bounds(limited, effect, op.floor, spec.bounds)
     fixed, drained, overridden = _overrides(bounded, effect, previous, spec.bounds.max_replicas)

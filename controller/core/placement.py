@@ -562,17 +562,20 @@ def _shortfall(views: list[_Pool], want: int, cap: float | None, allow_on_demand
 def _reason(kept: _Kept, short: _Shortfall, on_demand: int) -> str:
     """The most significant reason code, in this order of precedence."""
     moved = kept.moved_off
-    for code, hit in (
-        (Reason.BUDGET_CAP_REACHED, short.budget_limited),
-        (Reason.CAPACITY_EXHAUSTED, short.capacity_limited),
-        (Reason.OVERRIDE_DRAIN, moved.get(Reason.OVERRIDE_DRAIN.value)),
-        (Reason.SPOT_INTERRUPTED, kept.interrupted_removed),
-        (Reason.SPOT_POOL_UNAVAILABLE, moved.get(Reason.SPOT_POOL_UNAVAILABLE.value)),
-        (Reason.POOL_UNAVAILABLE, moved.get(Reason.POOL_UNAVAILABLE.value)),
-        (Reason.ON_DEMAND_FALLBACK, on_demand),
-    ):
-        if hit:
-            return code.value
+    if short.budget_limited:
+        return Reason.BUDGET_CAP_REACHED.value
+    if short.capacity_limited:
+        return Reason.CAPACITY_EXHAUSTED.value
+    if moved.get(Reason.OVERRIDE_DRAIN.value):
+        return Reason.OVERRIDE_DRAIN.value
+    if kept.interrupted_removed:
+        return Reason.SPOT_INTERRUPTED.value
+    if moved.get(Reason.SPOT_POOL_UNAVAILABLE.value):
+        return Reason.SPOT_POOL_UNAVAILABLE.value
+    if moved.get(Reason.POOL_UNAVAILABLE.value):
+        return Reason.POOL_UNAVAILABLE.value
+    if on_demand:
+        return Reason.ON_DEMAND_FALLBACK.value
     return Reason.PLACED.value
 
 
