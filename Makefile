@@ -1,10 +1,12 @@
 # Two commands on a fresh machine with Python 3.11+ and the package registries:
-#   make demo   - set up and run the daemon on its embedded default (simulated fleet, SQLite)
+#   make demo   - set up and run the daemon on its embedded default (simulated fleet, SQLite);
+#                 PORT=9000 puts the admin API there (a taken port: the demo picks a free one)
 #   make test   - set up and run the whole test suite
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
+PORT   ?= 8080
 
 .PHONY: setup demo test test-unit lint-imports bench clean
 
@@ -19,7 +21,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(VENV)/bin/tidegate demo
+	$(VENV)/bin/tidegate demo --port $(PORT)
 
 test: setup
 	$(PY) -m pytest

@@ -1,32 +1,82 @@
 """The admin REST API: see the state, read the decision log, override, pause, reload policies.
 
-FastAPI app built around a running ``Daemon`` (``create_app(daemon, auth)``), served by uvicorn
-inside the daemon process. Reads need a viewer or admin bearer token, writes an admin one; every
-write is audited with its author. Errors are errors: 401, 403, 404, 409 and 422 with a body that
-names the field; nothing answers 200 on a failure. ``/healthz``, ``/readyz`` and ``/metrics`` are
-open (probes and Prometheus scrape them).
+FastAPI app built around a running ``Daemon`` (``create_app(daemon, auth, api)``), served by
+uvicorn inside the daemon process. Reads need a viewer or admin bearer token, writes an admin one;
+every write is audited with its author. ``/healthz``, ``/readyz`` and ``/metrics`` are open (probes
+and Prometheus scrape them); ``/docs`` and ``/openapi.json`` are open unless
+``api.docs_require_token``.
+
+Hostile clients: an ASGI guard in front of the app checks the token from the headers alone and
+answers 401 before a byte of the body is read, then refuses a body over ``api.max_body_bytes``
+with 413 (from Content-Length, or while reading a chunked body, buffering at most that much)
+before anything parses it. Every integer that reaches the database is bounded by what its column
+holds on both backends.
+
+Errors are errors: every 4xx/5xx is ``application/problem+json`` (RFC 9457: ``type``, ``title``,
+``status``, ``detail``; a 422 adds ``errors``, one entry per offending field), and the OpenAPI
+document lists the problems each route can answer. Nothing answers 200 on a failure.
 """
 
 
 import enum
+import logging
 import threading
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Annotated, Any
+from datetime import datetime, timedelta, timezone
+from http import HTTPStatus
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Awaitable, Callable, Mapping
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controller.auth import Principal, TokenAuth
+from controller.config import ApiConfig
 from controller.core.model import OverrideKind
+from controller.core.overrides import replica_cap
 from controller.db.codec import override_to_json
+from controller.db.models import INTEGER_MAX
 from controller.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
     from controller.daemon import Daemon
 
+logger = logging.getLogger("tidegate.api")
+
 _bearer = HTTPBearer(auto_error=False)
+
+PROBLEM = "application/problem+json"
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+"""Answer without a token (probes and Prometheus)."""
+DOCS_PATHS = frozenset({"/docs", "/openapi.json"})
+DOCS_ASSETS = "/docs/assets"
+
+
+def _docs_assets_dir() -> Path:
+    # fastapi-offline ships the Swagger UI 5 dist (bundle, css, favicon): served by the daemon,
+    # so /docs works without reaching any CDN.
+    import fastapi_offline
+
+    return Path(fastapi_offline.__file__).parent / "static"
+
+
+# --- bodies ----------------------------------------------------------------------------------
+
+_NO_NUL = r"^[^\x00]*$"
+"""PostgreSQL text and jsonb cannot hold NUL: refused with a 422 instead of a database error."""
+
+Count = Annotated[int, Field(ge=0, le=INTEGER_MAX)]
+Id = Annotated[int, PathParam(ge=1, le=INTEGER_MAX, description="Row id.")]
 
 
 class OverrideKindIn(str, enum.Enum):
@@ -42,13 +92,14 @@ class OverrideIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: OverrideKindIn = Field(description="pin, bounds, freeze or drain-pool.")
-    model: str = Field(min_length=1, description="Model name it applies to.")
-    pool: str | None = Field(None, description="Pool scope (required for drain-pool; optional for pin).")
-    replicas: int | None = Field(None, ge=0, description="For pin: the replicas (of the pool when pool is set, else total).")
-    min_replicas: int | None = Field(None, ge=0, description="For bounds.")
-    max_replicas: int | None = Field(None, ge=0, description="For bounds.")
+    model: str = Field(min_length=1, max_length=253, description="Model name it applies to.")
+    pool: str | None = Field(None, min_length=1, max_length=253,
+                             description="Pool scope (required for drain-pool; optional for pin).")
+    replicas: Count | None = Field(None, description="For pin: the replicas (of the pool when pool is set, else total); at most the policy's max_replicas and what the scope holds.")
+    min_replicas: Count | None = Field(None, description="For bounds.")
+    max_replicas: Count | None = Field(None, description="For bounds; at most the policy's max_replicas.")
     ttl_s: float | None = Field(None, gt=0, le=30 * 86400, description="Seconds until it expires by itself.")
-    reason: str = Field(min_length=1, max_length=500, description="Why (audited).")
+    reason: str = Field(min_length=1, max_length=500, pattern=_NO_NUL, description="Why (audited).")
 
     @model_validator(mode="after")
     def _per_kind(self) -> "OverrideIn":
@@ -68,23 +119,170 @@ class OverrideIn(BaseModel):
 
 class ControlIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    reason: str = Field("", max_length=500)
+    reason: str = Field("", max_length=500, pattern=_NO_NUL)
 
 
-def _unprocessable(loc: list[str | int], msg: str) -> HTTPException:
-    return HTTPException(status_code=422, detail=[{"loc": loc, "msg": msg, "type": "value_error"}])
+# --- problems (RFC 9457) -----------------------------------------------------------------------
+
+class FieldError(BaseModel):
+    """One offending field of a 422."""
+
+    field: str = Field(description="Where, dotted: body.replicas, query.limit, path.decision_id.")
+    loc: list[str | int] = Field(description="The same place as a list.")
+    msg: str
+    type: str
 
 
-def create_app(daemon: "Daemon", auth: TokenAuth) -> FastAPI:
-    app = FastAPI(title="tidegate admin API", version="1", docs_url="/docs", redoc_url=None)
+class Problem(BaseModel):
+    """An error (RFC 9457 problem details), served as application/problem+json."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field("about:blank", description="about:blank: the status code says what kind of problem it is.")
+    title: str = Field(description="The status code's phrase.")
+    status: int
+    detail: str = Field(description="What went wrong here, and how to fix it.")
+    errors: list[FieldError] | None = Field(None, description="422 only: every offending field.")
+
+
+_WHEN = {
+    400: "Body that is not UTF-8 JSON.",
+    401: "No valid bearer token (checked before the body is read).",
+    403: "A viewer token on a write: writes need an admin token.",
+    404: "No such id.",
+    413: "Body larger than api.max_body_bytes (refused before it is read).",
+    422: "Invalid path, query or body: `errors` names each field.",
+}
+
+
+def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries for the problems a route can answer."""
+    ref = {"$ref": "#/components/schemas/Problem"}
+    return {c: {"description": _WHEN[c], "content": {PROBLEM: {"schema": ref}}} for c in codes}
+
+
+def problem_response(status: int, detail: str, *, errors: list[FieldError] | None = None,
+                     headers: Mapping[str, str] | None = None, **extensions: Any) -> JSONResponse:
+    body = Problem(title=HTTPStatus(status).phrase, status=status, detail=detail, errors=errors, **extensions)
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=status, headers=dict(headers or {}),
+                        media_type=PROBLEM)
+
+
+def _field_errors(raw: Any) -> list[FieldError]:
+    out = []
+    for e in raw:
+        loc = [x if isinstance(x, int) else str(x) for x in e.get("loc", ())]
+        out.append(FieldError(field=".".join(map(str, loc)) or "(request)", loc=loc, msg=str(e.get("msg", "")),
+                              type=str(e.get("type", "value_error"))))
+    return out
+
+
+def _unprocessable(loc: list[str | int], msg: str) -> RequestValidationError:
+    return RequestValidationError([{"loc": tuple(loc), "msg": msg, "type": "value_error"}])
+
+
+# --- the guard ---------------------------------------------------------------------------------
+
+class _Guard:
+    """Pure ASGI middleware: token check, then body size limit, before the app reads the body."""
+
+    def __init__(self, app: ASGIApp, *, auth: TokenAuth, max_body_bytes: int,
+                 is_open: Callable[[str], bool]) -> None:
+        self.app = app
+        self.auth = auth
+        self.max_body_bytes = max_body_bytes
+        self.is_open = is_open
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        # A refused request's body is never read; `Connection: close` makes uvicorn close the
+        # connection right after the answer instead of receiving (and discarding) the rest.
+        close = {"Connection": "close"} if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers else {}
+        if not self.is_open(scope["path"]):
+            who = self.auth.from_header(headers.get("authorization"))
+            if who is None:
+                detail = ("missing bearer token" if "authorization" not in headers
+                          else "invalid token (expected `Authorization: Bearer <token>`)")
+                await problem_response(401, detail, headers={"WWW-Authenticate": "Bearer", **close})(scope, receive, send)
+                return
+            scope.setdefault("state", {})["principal"] = who
+        limit = self.max_body_bytes
+        too_big = problem_response(413, f"request body over {limit} bytes (api.max_body_bytes)", headers=close)
+        length = headers.get("content-length")
+        if length is not None:
+            if not length.strip().isdigit():
+                await problem_response(400, f"bad Content-Length {length!r}")(scope, receive, send)
+                return
+            if int(length) > limit:
+                await too_big(scope, receive, send)
+                return
+        elif "transfer-encoding" in headers:
+            # No length announced: read at most `limit` bytes ourselves, then replay them.
+            body = await _read_at_most(receive, limit)
+            if body is None:
+                await too_big(scope, receive, send)
+                return
+            receive = _replay(body, receive)
+        await self.app(scope, receive, send)
+
+
+async def _read_at_most(receive: Receive, limit: int) -> bytes | None:
+    """The whole body if it is at most ``limit`` bytes, else ``None`` (the rest is never read)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break  # client gone: the app sees an empty body and its answer goes nowhere
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+# --- the app -----------------------------------------------------------------------------------
+
+def create_app(daemon: "Daemon", auth: TokenAuth, api: ApiConfig | None = None) -> FastAPI:
+    api = api or ApiConfig()
+    app = FastAPI(title="tidegate admin API", version="1", docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json" if api.docs else None)
     write_lock = threading.Lock()
 
-    def principal(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
-        if creds is None or creds.scheme.lower() != "bearer":
-            raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
-        who = auth.authenticate(creds.credentials)
+    def is_open(path: str) -> bool:
+        if path in OPEN_PATHS:
+            return True
+        docs = path in DOCS_PATHS or path.startswith(DOCS_ASSETS + "/")
+        return api.docs and docs and not api.docs_require_token
+
+    app.add_middleware(_Guard, auth=auth, max_body_bytes=api.max_body_bytes, is_open=is_open)
+
+    def principal(request: Request,
+                  _: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
+        # The guard authenticated the token before the body was read; the bearer dependency only
+        # declares the security scheme in the OpenAPI document.
+        who: Principal | None = getattr(request.state, "principal", None)
         if who is None:
-            raise HTTPException(401, "invalid token", headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
         return who
 
     def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
@@ -99,61 +297,72 @@ def create_app(daemon: "Daemon", auth: TokenAuth) -> FastAPI:
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get("/readyz", responses={503: {"description": "Not ready, with the reasons.",
+                                         "content": {"application/json": {"schema": {"type": "object"}}}}})
     def readyz() -> JSONResponse:
         ready, detail = daemon.readiness()
         return JSONResponse({"ready": ready, **detail}, status_code=200 if ready else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse,
+             responses={200: {"description": "Prometheus text exposition format.",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}}})
     def metrics() -> Response:
         return Response(daemon.metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/v1/status")
+    @app.get("/v1/status", responses=_problems(401))
     def status(_: Viewer) -> dict[str, Any]:
         return daemon.status()
 
-    @app.get("/v1/decisions")
+    @app.get("/v1/decisions", responses=_problems(401, 422))
     def decisions(
         _: Viewer,
-        model: str | None = None,
-        since: datetime | None = Query(None, description="ISO-8601, inclusive"),
-        until: datetime | None = Query(None, description="ISO-8601, exclusive"),
+        model: str | None = Query(None, max_length=253),
+        since: datetime | None = Query(None, description="ISO-8601 with a timezone, inclusive"),
+        until: datetime | None = Query(None, description="ISO-8601 with a timezone, exclusive"),
         limit: int = Query(50, ge=1, le=1000),
-        before_id: int | None = Query(None, ge=1, description="Keyset cursor: the next_before_id of the previous page."),
+        before_id: int | None = Query(None, ge=1, le=INTEGER_MAX,
+                                      description="Keyset cursor: the next_before_id of the previous page."),
     ) -> dict[str, Any]:
         if model is not None and model not in daemon.models:
             raise _unprocessable(["query", "model"], f"unknown model {model!r}")
         for name, value in (("since", since), ("until", until)):
-            if value is not None and value.tzinfo is None:
+            if value is None:
+                continue
+            if value.tzinfo is None:
                 raise _unprocessable(["query", name], "timestamp needs a timezone (e.g. Z or +00:00)")
+            try:
+                value.astimezone(timezone.utc)
+            except OverflowError:
+                raise _unprocessable(["query", name], "timestamp out of range once converted to UTC") from None
         rows = daemon.repo.list_decisions(model=model, since=since, until=until, limit=limit, before_id=before_id)
         nxt = rows[-1]["id"] if len(rows) == limit else None
         return {"items": rows, "next_before_id": nxt}
 
-    @app.get("/v1/decisions/{decision_id}")
-    def decision(decision_id: int, _: Viewer) -> dict[str, Any]:
+    @app.get("/v1/decisions/{decision_id}", responses=_problems(401, 404, 422))
+    def decision(decision_id: Id, _: Viewer) -> dict[str, Any]:
         row = daemon.repo.get_decision(decision_id)
         if row is None:
             raise HTTPException(404, f"decision {decision_id} not found")
         return row
 
-    @app.get("/v1/overrides")
+    @app.get("/v1/overrides", responses=_problems(401, 422))
     def overrides(_: Viewer, include_inactive: bool = False) -> dict[str, Any]:
         return {"items": daemon.repo.list_overrides(include_inactive=include_inactive, now=daemon.clock.now())}
 
-    @app.post("/v1/overrides", status_code=201)
+    @app.post("/v1/overrides", status_code=201, responses=_problems(400, 401, 403, 413, 422))
     def create_override(body: OverrideIn, who: Admin) -> dict[str, Any]:
         if body.model not in daemon.models:
             raise _unprocessable(["body", "model"], f"unknown model {body.model!r} (known: {sorted(daemon.models)})")
-        if body.pool is not None and body.pool not in daemon.models[body.model].pools:
+        spec = daemon.models[body.model]
+        if body.pool is not None and body.pool not in spec.pools:
             raise _unprocessable(["body", "pool"], f"model {body.model!r} has no pool {body.pool!r}")
         policy = daemon.policy_store.policies().get(body.model)
-        hard_max = policy.spec.bounds.max_replicas if policy else None
+        cap, why = replica_cap(spec, daemon.pools, pool=body.pool,
+                               policy_max_replicas=policy.spec.bounds.max_replicas if policy else None)
         for field in ("replicas", "max_replicas"):
             value = getattr(body, field)
-            if hard_max is not None and value is not None and body.pool is None and value > hard_max:
-                raise _unprocessable(["body", field],
-                                     f"{field} ({value}) exceeds the policy's max_replicas ({hard_max}), a hard limit")
+            if cap is not None and value is not None and value > cap:
+                raise _unprocessable(["body", field], f"{field} ({value}) exceeds {why}")
         now = daemon.clock.now()
         with write_lock:
             ov = daemon.repo.add_override(
@@ -165,8 +374,8 @@ def create_app(daemon: "Daemon", auth: TokenAuth) -> FastAPI:
             daemon.repo.audit(who.name, "override.create", f"override/{ov.id}", override_to_json(ov), now)
         return override_to_json(ov)
 
-    @app.delete("/v1/overrides/{override_id}", status_code=204)
-    def delete_override(override_id: int, who: Admin) -> Response:
+    @app.delete("/v1/overrides/{override_id}", status_code=204, responses=_problems(401, 403, 404, 422))
+    def delete_override(override_id: Id, who: Admin) -> Response:
         now = daemon.clock.now()
         with write_lock:
             if not daemon.repo.delete_override(override_id, author=who.name, now=now):
@@ -174,35 +383,99 @@ def create_app(daemon: "Daemon", auth: TokenAuth) -> FastAPI:
             daemon.repo.audit(who.name, "override.delete", f"override/{override_id}", {}, now)
         return Response(status_code=204)
 
-    @app.post("/v1/pause")
+    @app.post("/v1/pause", responses=_problems(400, 401, 403, 413, 422))
     def pause(who: Admin, body: ControlIn | None = None) -> dict[str, Any]:
         daemon.pause(who.name, body.reason if body else "")
         return {"paused": True}
 
-    @app.post("/v1/resume")
+    @app.post("/v1/resume", responses=_problems(400, 401, 403, 413, 422))
     def resume(who: Admin, body: ControlIn | None = None) -> dict[str, Any]:
         daemon.resume(who.name, body.reason if body else "")
         return {"paused": False}
 
-    @app.get("/v1/policies")
+    @app.get("/v1/policies", responses=_problems(401))
     def policies(_: Viewer) -> dict[str, Any]:
         return daemon.policy_store.status()
 
-    @app.post("/v1/policies/reload")
+    reload_responses = _problems(401, 403, 422)
+    reload_responses[422]["description"] = "A policy file was rejected: `policies` lists every file's errors."
+
+    @app.post("/v1/policies/reload", responses=reload_responses)
     def reload(who: Admin) -> JSONResponse:
         status = daemon.reload_policies(author=who.name)
-        daemon.repo.audit(who.name, "policies.reload", "policies", {"errors": len(daemon.policy_store.errors())},
-                          daemon.clock.now())
-        # A rejected file is an error for whoever just shipped it (a CI step calling reload must
-        # see it fail): 422 with every file's errors; the last good versions stay in force.
-        return JSONResponse(status, status_code=422 if daemon.policy_store.errors() else 200)
+        errors = daemon.policy_store.errors()
+        daemon.repo.audit(who.name, "policies.reload", "policies", {"errors": len(errors)}, daemon.clock.now())
+        if errors:
+            # A rejected file is an error for whoever just shipped it (a CI step calling reload must
+            # see it fail): 422 with every file's errors; the last good versions stay in force.
+            return problem_response(422, f"{len(errors)} policy file(s) rejected; the last good versions stay in force",
+                                    policies=status)
+        return JSONResponse(status)
 
-    @app.get("/v1/audit")
+    @app.get("/v1/audit", responses=_problems(401, 422))
     def audit(_: Viewer, limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
         return {"items": daemon.repo.list_audit(limit)}
 
-    @app.exception_handler(ValueError)
-    def _value_error(_: Request, exc: ValueError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=422)
+    if api.docs:
+        app.mount(DOCS_ASSETS, StaticFiles(directory=_docs_assets_dir()), name="docs-assets")
 
+        @app.get("/docs", include_in_schema=False)
+        def docs() -> HTMLResponse:
+            # Relative URLs: the page keeps working behind a proxy that adds a path prefix.
+            return get_swagger_ui_html(
+                openapi_url="openapi.json", title="tidegate admin API",
+                swagger_js_url="docs/assets/swagger-ui-bundle.js", swagger_css_url="docs/assets/swagger-ui.css",
+                swagger_favicon_url="docs/assets/favicon.png",
+                swagger_ui_parameters={"validatorUrl": None},  # never ask validator.swagger.io
+            )
+
+    _install_error_handlers(app)
+    _install_openapi(app)
     return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    Handler = Callable[[Request, Any], Awaitable[Response]]
+
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette's Allow names the methods of the first route on the path; list them all
+            # (GET and POST /v1/overrides are two routes).
+            methods = {m for r in app.routes if isinstance(r, APIRoute) and r.matches(request.scope)[0] is not Match.NONE
+                       for m in r.methods or ()}
+            headers["Allow"] = ", ".join(sorted(methods))
+        return problem_response(exc.status_code, str(exc.detail), headers=headers)
+
+    async def invalid(_: Request, exc: RequestValidationError) -> Response:
+        errors = _field_errors(exc.errors())
+        return problem_response(422, "; ".join(f"{e.field}: {e.msg}" for e in errors), errors=errors)
+
+    async def value_error(_: Request, exc: ValueError) -> Response:
+        return problem_response(422, str(exc))
+
+    async def server_error(_: Request, exc: Exception) -> Response:
+        logger.error("admin API request failed: %s: %s", type(exc).__name__, exc)
+        return problem_response(500, "internal error; the daemon's log has the cause")
+
+    handlers: list[tuple[type[Exception], Handler]] = [
+        (StarletteHTTPException, http_error), (RequestValidationError, invalid), (ValueError, value_error),
+        (Exception, server_error)]
+    for exc_type, handler in handlers:
+        app.add_exception_handler(exc_type, handler)
+
+
+def _install_openapi(app: FastAPI) -> None:
+    """The generated document, plus the Problem schema the routes' error responses refer to."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            schema = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(schema.pop("$defs", {}))
+            schemas["Problem"] = schema
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -67,6 +67,13 @@ class TokenAuth:
     def empty(self) -> bool:
         return not self._tokens
 
+    def from_header(self, authorization: str | None) -> Principal | None:
+        """The principal of an ``Authorization: Bearer <secret>`` header value, or ``None``."""
+        scheme, _, secret = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            return None
+        return self.authenticate(secret.strip())
+
     def authenticate(self, secret: str) -> Principal | None:
         given = secret.encode()
         found: Principal | None = None

@@ -1,14 +1,18 @@
 """``tidegate``: the command line.
 
     tidegate run --config FILE [--dry-run]     the daemon
-    tidegate demo [--duration-s N]             the daemon on the embedded default (simulated fleet)
-    tidegate policy validate FILE...           check policy files (exit 1 on any problem)
+    tidegate demo [--duration-s N] [--port P]  the daemon on the embedded default (simulated fleet)
+    tidegate policy validate PATH...           check policy files, each path on its own (exit 1 on any problem)
     tidegate policy schema                     JSON Schema of policy files
-    tidegate config validate FILE              check a daemon config
+    tidegate config validate FILE [--connect]  check a daemon config (and reach its database, Prometheus)
     tidegate config schema                     JSON Schema of the daemon config
     tidegate db upgrade (--config FILE | --url URL)
     tidegate decisions (--config FILE | --url URL) [--model M] [--limit N] [--json]
     tidegate simulate ...                      replay traces (see ``tidegate simulate --help``)
+
+A mistake a person can fix (a busy port, a missing folder, a bad database URL...) is one line on
+stderr, ``tidegate: error: WHAT (WHERE); FIX``, and a non-zero exit; ``tidegate --debug ...`` also
+prints the traceback.
 """
 
 from __future__ import annotations
@@ -16,41 +20,58 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
+import traceback
 from pathlib import Path
 from typing import Sequence
 
 from controller import __version__
+from controller.errors import UserError
 
 
-def _db_url(args: argparse.Namespace) -> str:
+def _db_url(args: argparse.Namespace) -> tuple[str, str]:
+    """The database URL a command was given and where it came from (for error lines)."""
     if getattr(args, "url", None):
-        return str(args.url)
+        return str(args.url), "--url"
     from controller.runtime import load_config
 
-    return load_config(Path(args.config)).database.url
+    cfg = load_config(Path(args.config))
+    source = "TIDEGATE_DATABASE_URL" if os.environ.get("TIDEGATE_DATABASE_URL") else f"database.url in {args.config}"
+    return cfg.database.url, source
+
+
+def _in_file(path: str, e: UserError) -> UserError:
+    """``e`` with each line naming the config file it is about (unless it already does)."""
+    lines = [ln if ln.startswith(f"{path}:") else f"{path}: {ln}" for ln in str(e).splitlines()]
+    out = UserError("\n".join(lines))
+    out.exit_code = e.exit_code
+    return out
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from controller import logs
-    from controller.runtime import ConfigError, build_runtime, load_config
+    from controller.runtime import build_runtime, load_config
 
-    logs.setup(args.log_format, args.log_level)
+    logs.setup(args.log_format, "DEBUG" if args.debug else args.log_level)
     try:
         cfg = load_config(Path(args.config))
-    except ConfigError as e:
-        print(e, file=sys.stderr)
-        return 2
-    rt = build_runtime(cfg, dry_run=True if args.dry_run else None)
+        rt = build_runtime(cfg, dry_run=True if args.dry_run else None)
+    except UserError as e:
+        raise _in_file(args.config, e) from e
     if rt.auth.empty:
         logging.getLogger("tidegate").warning("no API tokens configured: every /v1 route will answer 401")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     if cfg.api.enabled:
-        rt.serve_api(cfg.api.host, cfg.api.port)
+        try:
+            rt.serve_api(cfg.api.host, cfg.api.port)
+        except UserError as e:
+            rt.stop()
+            raise _in_file(args.config, e) from e
     rt.daemon.start()
     stop.wait()
     rt.stop()
@@ -80,14 +101,18 @@ def cmd_policy_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_config_validate(args: argparse.Namespace) -> int:
-    from controller.runtime import ConfigError, load_config
+    from controller.runtime import ConfigError, load_config, policy_problems, preflight
 
     try:
-        load_config(Path(args.file))
+        cfg = load_config(Path(args.file))
+        problems = preflight(cfg, connect=args.connect) + policy_problems(cfg)
     except ConfigError as e:
-        print(e)
-        return 1
-    print(f"{args.file}: ok")
+        problems = str(e).splitlines()
+    if problems:
+        found = UserError("\n".join(problems))
+        found.exit_code = 1
+        raise _in_file(args.file, found)
+    print(f"{args.file}: ok" + (" (database and Prometheus answer)" if args.connect else ""))
     return 0
 
 
@@ -100,20 +125,28 @@ def cmd_config_schema(args: argparse.Namespace) -> int:
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from controller.db.migrate import upgrade
+    from controller.db.preflight import DatabaseError, database_errors, shown, url_problem
 
-    url = _db_url(args)
-    upgrade(url)
-    print(f"database at head: {url.split('@')[-1]}")
+    url, source = _db_url(args)
+    problem = url_problem(url, source)
+    if problem is not None:
+        raise DatabaseError(problem)
+    with database_errors(url, source):
+        upgrade(url)
+    print(f"database at head: {shown(url)}")
     return 0
 
 
 def cmd_decisions(args: argparse.Namespace) -> int:
-    from controller.db.repo import Repository
+    from controller.db.preflight import database_errors, open_log
 
-    repo = Repository(_db_url(args))
-    rows = list(repo.all_decisions(model=args.model))
-    if args.limit:
-        rows = rows[-args.limit:]
+    url, source = _db_url(args)
+    repo = open_log(url, source)
+    try:
+        with database_errors(url, source):
+            rows = list(repo.all_decisions(model=args.model, limit=args.limit or None))
+    finally:
+        repo.close()
     if args.json:
         json.dump(rows, sys.stdout, indent=None if args.compact else 2, default=str)
         print()
@@ -136,32 +169,37 @@ def cmd_simulate(argv: Sequence[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tidegate", description="Autoscaling and cost control for LLM inference.")
     p.add_argument("--version", action="version", version=f"tidegate {__version__}")
+    p.add_argument("--debug", action="store_true",
+                   help="show the traceback behind an error; `run` also logs at DEBUG (HTTP requests included)")
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the daemon")
     run.add_argument("--config", required=True, help="daemon config YAML")
     run.add_argument("--dry-run", action="store_true", help="decide and record, never act")
     run.add_argument("--log-format", choices=["json", "text"], default="json")
-    run.add_argument("--log-level", default="INFO")
+    run.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                     help="INFO by default; HTTP client libraries log their requests only at DEBUG")
     run.set_defaults(func=cmd_run)
 
     demo = sub.add_parser("demo", help="run the daemon on the embedded default: simulated fleet, SQLite")
     demo.add_argument("--duration-s", type=float, default=120, help="wall seconds to run (default 120)")
     demo.add_argument("--speedup", type=float, default=None, help="simulated seconds per wall second (default from the demo config: 60)")
-    demo.add_argument("--port", type=int, default=8080, help="admin API port on 127.0.0.1 (0: any free port)")
+    demo.add_argument("--port", type=int, default=8080,
+                      help="admin API port on 127.0.0.1 (default 8080; when it is taken the demo picks a free one and says which; 0: any free port)")
     demo.add_argument("--workdir", default=".tidegate/demo", help="where the demo's SQLite database goes")
     demo.add_argument("--quiet", action="store_true", help="print only the summary")
     demo.set_defaults(func=cmd_demo)
 
     pol = sub.add_parser("policy", help="policy files").add_subparsers(dest="policy_command", required=True)
     pv = pol.add_parser("validate", help="validate policy files")
-    pv.add_argument("files", nargs="+")
+    pv.add_argument("files", nargs="+", metavar="PATH", help="policy files or directories, each checked on its own")
     pv.set_defaults(func=cmd_policy_validate)
     pol.add_parser("schema", help="print the JSON Schema").set_defaults(func=cmd_policy_schema)
 
     cfg = sub.add_parser("config", help="daemon config").add_subparsers(dest="config_command", required=True)
     cv = cfg.add_parser("validate", help="validate a daemon config file")
     cv.add_argument("file")
+    cv.add_argument("--connect", action="store_true", help="also connect to the database and query Prometheus")
     cv.set_defaults(func=cmd_config_validate)
     cfg.add_parser("schema", help="print the JSON Schema").set_defaults(func=cmd_config_schema)
 
@@ -177,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--config")
     g.add_argument("--url")
     dec.add_argument("--model")
-    dec.add_argument("--limit", type=int, default=0, help="only the newest N")
+    dec.add_argument("--limit", type=_positive_int, default=0, help="only the newest N (only those are read)")
     dec.add_argument("--json", action="store_true")
     dec.add_argument("--compact", action="store_true", help="with --json: one line")
     dec.set_defaults(func=cmd_decisions)
@@ -186,12 +224,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "simulate":
-        return cmd_simulate(argv[1:])
+    debug = bool(argv) and argv[0] == "--debug"
+    if argv[debug:debug + 1] == ["simulate"]:
+        return cmd_simulate(argv[debug + 1:])
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except UserError as e:
+        if args.debug:
+            traceback.print_exc()
+        for line in str(e).splitlines():
+            print(f"tidegate: error: {line}", file=sys.stderr)
+        return e.exit_code
 
 
 if __name__ == "__main__":  # pragma: no cover

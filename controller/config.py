@@ -13,6 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.core.model import ModelSpec, PoolKind, PoolSpec, ReplicaCapacity
+from controller.policyfile import PolicyLimits
+from providers.leader import LeaderElectionSettings
 from providers.real import RealSettings  # the real providers' settings schema (imports no client library)
 
 
@@ -129,6 +131,9 @@ class ApiConfig(_Strict):
     port: int = Field(8080, ge=0, le=65535, description="Bind port (0: pick a free one).")
     admin_tokens: TokenSource = Field(default_factory=lambda: TokenSource(env="TIDEGATE_ADMIN_TOKENS"), description="Where admin bearer tokens come from (never from policy files).")
     viewer_tokens: TokenSource = Field(default_factory=lambda: TokenSource(env="TIDEGATE_VIEWER_TOKENS"), description="Where viewer bearer tokens come from.")
+    max_body_bytes: int = Field(65536, ge=1024, le=16 * 1024 * 1024, description="Largest request body accepted, bytes; a larger one is answered 413 before it is read or parsed (also for chunked bodies without Content-Length).")
+    docs: bool = Field(True, description="Serve the Swagger UI at /docs (its assets come from the daemon itself, never a CDN) and the OpenAPI document at /openapi.json.")
+    docs_require_token: bool = Field(False, description="Whether /docs, its assets and /openapi.json need a viewer or admin token. Off by default: the document describes the open-source API and no state; a browser cannot send a bearer token to open /docs.")
 
 
 class LoopConfig(_Strict):
@@ -156,7 +161,7 @@ class SimulatedProviders(_Strict):
 
 class RealProviders(_Strict):
     type: Literal["real"] = Field("real", description="Prometheus, Triton, Kubernetes, AWS and GCP.")
-    settings: RealSettings = Field(default_factory=RealSettings, description="Provider settings: Prometheus, the Triton fallback, Kubernetes, AWS, GCP, cloud capacity and leader election (see providers.real).")
+    settings: RealSettings = Field(default_factory=RealSettings, description="Provider settings: Prometheus, the Triton fallback, Kubernetes, AWS, GCP and cloud capacity (see providers.real).")
 
 
 class OnPremCostConfig(_Strict):
@@ -168,15 +173,21 @@ class OnPremCostConfig(_Strict):
     assumed_gpu_power_kw: float | None = Field(None, gt=0, description="kW per GPU to assume while DCGM's power reading is missing; unset: cost per token is then missing.")
 
 
+_POLICY_FILE_CEILING_BYTES = 64 << 20
+"""Highest policy_max_file_bytes accepted: policy files are small, and each is read whole."""
+
+
 class DaemonConfig(_Strict):
     apiVersion: Literal["tidegate/v1"] = Field("tidegate/v1", description="Format version.")
     kind: Literal["DaemonConfig"] = Field("DaemonConfig", description="Document kind.")
     policies_dir: Path = Field(Path("policies"), description="Directory of ScalingPolicy YAML files, watched for changes (relative paths are relative to the config file).")
+    policy_max_file_bytes: int = Field(PolicyLimits().max_file_bytes, ge=1024, le=_POLICY_FILE_CEILING_BYTES, description=f"Largest policy file read, bytes (at most {_POLICY_FILE_CEILING_BYTES}): a larger file is refused with an error naming it, after reading one byte more than this.")
     dry_run: bool = Field(False, description="Decide and record, never call a provider to act.")
     database: DatabaseConfig = Field(default_factory=DatabaseConfig, description="The decision log (env TIDEGATE_DATABASE_URL overrides database.url).")
     api: ApiConfig = Field(default_factory=ApiConfig, description="The admin REST API and /metrics.")
     loop: LoopConfig = Field(default_factory=LoopConfig, description="Tick and reload intervals, backoff.")
     providers: SimulatedProviders | RealProviders = Field(default_factory=SimulatedProviders, discriminator="type", description="Where signals come from and where actions go: `simulated` (the demo's fleet) or `real`.")
+    leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings, description="Leader election between daemon replicas (simulated and real providers alike): which backend, the Lease's name and namespace, its timing.")
     onprem_cost: OnPremCostConfig | None = Field(None, description="On-prem capital and energy pricing for cost per token; unset: on-prem nodes cost their static price_per_node_hour_usd.")
     pools: list[PoolConfig] = Field(min_length=1, description="Where replicas can run.")
     models: list[ModelConfig] = Field(min_length=1, description="The model bundles served, each with one Deployment per pool.")
@@ -198,6 +209,9 @@ class DaemonConfig(_Strict):
                 {p.name: p.kind.value for p in self.pools}, {m.name: list(m.deployments) for m in self.models})
             if problems:
                 raise ValueError("; ".join(problems))
+        election_problem = self.leader_election.problem_with(self.database.url)
+        if election_problem:
+            raise ValueError(election_problem)
         mnames = [m.name for m in self.models]
         mdup = {n for n in mnames if mnames.count(n) > 1}
         if mdup:

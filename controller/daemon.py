@@ -38,8 +38,8 @@ from controller.core.reasons import Reason
 from controller.db.repo import Repository
 from controller.logs import log
 from controller.metrics import DaemonMetrics
-from controller.policyfile import PolicyStore
-from controller.protocols import Clock, MetricsSource, PoolProvider, PriceSource, ProviderError
+from controller.policyfile import PolicyLimits, PolicyStore
+from controller.protocols import Clock, LeaderElector, MetricsSource, PoolProvider, PriceSource, ProviderError
 from policies.base import Registry
 
 logger = logging.getLogger("tidegate.daemon")
@@ -48,6 +48,24 @@ SIGNAL_NAMES = (
     "queue_depth", "p99_latency_ms", "gpu_utilization_pct", "request_rate_per_s",
     "output_tokens_per_s", "cost_per_million_tokens_usd",
 )
+
+
+READY_SLACK_WALL_S = 2.0
+"""Scheduling slack readiness allows on top of three tick intervals, wall seconds (a tick that
+starts late on a busy node must not flap the pod out of its Service)."""
+
+
+@dataclass
+class Health:
+    """One component's last outcome: a provider, the leader lock or the database."""
+
+    ok: bool = True
+    last_error: str | None = None
+    last_error_at: datetime | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "last_error": self.last_error,
+                "last_error_at": self.last_error_at.isoformat() if self.last_error_at else None}
 
 
 @dataclass
@@ -79,7 +97,7 @@ class Daemon:
         policies_dir: Path | None = None,
         dry_run: bool | None = None,
         metrics: DaemonMetrics | None = None,
-        is_leader: Callable[[], bool] | None = None,
+        elector: LeaderElector | None = None,
         on_decision: Callable[[Decision, ModelSignals], None] | None = None,
     ) -> None:
         self.config = config
@@ -91,14 +109,17 @@ class Daemon:
         self.registry = registry
         self.dry_run = config.dry_run if dry_run is None else dry_run
         self.metrics = metrics or DaemonMetrics()
-        self.is_leader = is_leader or (lambda: True)
+        self.elector = elector
+        """Leader election (``None``: this daemon always acts); asked before every tick."""
         self.on_decision = on_decision
         self.models: dict[str, ModelSpec] = config.model_specs()
         self.pools: dict[str, PoolSpec] = config.pool_specs()
         self.policies_dir = policies_dir or config.policies_dir
-        self.policy_store = PolicyStore(registry, known_models=set(self.models))
+        self.policy_store = PolicyStore(registry, known_models=set(self.models),
+                                        limits=PolicyLimits(max_file_bytes=config.policy_max_file_bytes))
 
         self._tick_lock = threading.Lock()
+        self._ping_lock = threading.Lock()
         self._state_lock = threading.RLock()
         self.paused = False
         self.histories: dict[str, History] = {}
@@ -117,6 +138,9 @@ class Daemon:
         self._jobs: list[tuple[Callable[[], Any], float, str]] = []
         """Provider jobs added before ``start()``, scheduled by it."""
         self._history_loaded = False
+        self.health: dict[str, Health] = {}
+        """Per component (``metrics``, ``prices``, ``pool/NAME``, ``leader``, ``database``): the
+        last outcome and the last error with its time (daemon clock), shown by ``/readyz``."""
 
     # ------------------------------------------------------------------ policies
     def reload_policies(self, author: str = "daemon") -> dict[str, Any]:
@@ -141,15 +165,19 @@ class Daemon:
         specs = list(self.models.values())
         try:
             raw = dict(self.metrics_source.observe(specs, now))
+            self._note("metrics", None, now)
         except ProviderError as e:  # a metrics source should not raise, but never trust it
             log(logger, logging.WARNING, "metrics source failed; all signals missing", error=str(e))
+            self._note("metrics", str(e), now)
             raw = {}
         prices: Mapping[str, float] = {}
         if self.price_source is not None:
             try:
                 prices = self.price_source.prices(list(self.pools.values()), now)
+                self._note("prices", None, now)
             except ProviderError as e:
                 log(logger, logging.WARNING, "price source failed; static prices used", error=str(e))
+                self._note("prices", str(e), now)
         out: dict[str, ModelSignals] = {}
         for name, model in self.models.items():
             sig = raw.get(name) or ModelSignals(model=name, at=now)
@@ -162,9 +190,11 @@ class Daemon:
                     continue
                 try:
                     st = provider.state(model, now)
+                    self._note(f"pool/{pool_name}", None, now)
                 except ProviderError as e:
                     # Unknown capacity: the core holds (NotObservedYet) rather than guess.
                     log(logger, logging.WARNING, "pool state unavailable", model=name, pool=pool_name, error=str(e))
+                    self._note(f"pool/{pool_name}", str(e), now)
                     st = PoolState(pool=pool_name, replicas=None, available=False,
                                    unavailable_reason=f"state failed: {e}", at=now)
                 if pool_name in prices and st.price_per_node_hour_usd is None:
@@ -233,6 +263,7 @@ class Daemon:
                 actions.append(Action(provider=type(provider).__name__, call="scale", pool=pool_name,
                                       model=model.name, arguments={"replicas": want}, status=status,
                                       error=f"{type(e).__name__}: {e}"))
+                self._note(f"pool/{pool_name}", f"scale failed: {type(e).__name__}: {e}", now)
                 failed.append(pool_name)
         for a in actions:
             self.metrics.actions.labels(pool=a.pool, call=a.call, status=a.status.value).inc()
@@ -261,6 +292,39 @@ class Daemon:
             self.histories[name] = self.repo.rebuild_history(name, now, horizon)
         self._history_loaded = True
 
+    # ------------------------------------------------------------------ health
+    def _note(self, component: str, error: str | None, now: datetime, *, critical: bool = False) -> None:
+        """Record a component's outcome. ``critical`` components (the leader lock, the database)
+        decide readiness: their failure and recovery are logged here, at WARNING and INFO."""
+        if error is not None:
+            error = " ".join(error.split())  # libpq's messages span lines; logs and probes want one
+        with self._state_lock:
+            h = self.health.setdefault(component, Health())
+            was_ok, old = h.ok, h.last_error
+            h.ok = error is None
+            if error is not None:
+                h.last_error, h.last_error_at = error, now
+        if critical and error is not None and (was_ok or error != old):
+            log(logger, logging.WARNING, f"{component} unreachable; this daemon is unready", error=error)
+        elif critical and error is None and not was_ok:
+            log(logger, logging.INFO, f"{component} reachable again", component=component)
+
+    def _leader(self, now: datetime) -> bool:
+        """Ask the elector; a check that cannot be made means: do not act, and be unready."""
+        if self.elector is None:
+            return True
+        try:
+            leader = bool(self.elector.try_acquire())
+            error = self.elector.check_error
+        except Exception as e:  # noqa: BLE001 - an elector should not raise; never trust it
+            leader, error = False, f"{type(e).__name__}: {e}"
+        self._note("leader", error, now, critical=True)
+        return leader
+
+    def _rate(self) -> float:
+        """Daemon-clock seconds per wall second: the demo's speedup, 1 for the wall clock."""
+        return float(getattr(self.clock, "speedup", 1.0))
+
     def tick(self) -> TickReport:
         """One pass over all models. Never overlaps itself; one model's failure spares the others."""
         if not self._tick_lock.acquire(blocking=False):
@@ -280,7 +344,7 @@ class Daemon:
             report.skipped = f"backing off until {self.backoff_until.isoformat()}"
             self.metrics.ticks.labels(result="skipped").inc()
             return report
-        if not self.is_leader():
+        if not self._leader(now):
             # Followers observe nothing and act on nothing: one daemon decides at a time.
             report.skipped = "not the leader"
             self.standby = True
@@ -427,9 +491,19 @@ class Daemon:
         self.repo.audit(author, "resume", "daemon", {"reason": reason}, self.clock.now())
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready when the first complete observation is done and the last successful tick is
-        recent (three intervals, daemon clock)."""
+        """Ready when the database answers, the leader lock could be checked, and (for the
+        leader) the first complete observation is done and the last successful tick is recent:
+        three tick intervals plus ``READY_SLACK_WALL_S`` of scheduling slack, both on the daemon's
+        clock, the one the tick schedule runs on. ``reasons`` says why not; ``providers`` holds
+        each component's last error and when (daemon clock)."""
         now = self.clock.now()
+        # one ping at a time: probes that arrive while one hangs (a database host that went
+        # silent) answer from its last outcome instead of piling up threads behind it
+        if self._ping_lock.acquire(blocking=False):
+            try:
+                self._note("database", self._database_error(), now, critical=True)
+            finally:
+                self._ping_lock.release()
         with self._state_lock:
             last = self.last_success_at
             detail: dict[str, Any] = {
@@ -441,17 +515,44 @@ class Daemon:
                 "paused": self.paused,
                 "dry_run": self.dry_run,
                 "degraded": dict(getattr(self.metrics_source, "degraded", {}) or {}),
+                "providers": {name: h.to_json() for name, h in sorted(self.health.items())},
             }
+            database, leader = self.health.get("database", Health()), self.health.get("leader", Health())
         detail["role"] = "standby" if self.standby else "leader"
-        if self.standby:
+        detail["election"] = None if self.elector is None else {
+            "identity": self.elector.identity, "backend": type(self.elector).__name__}
+        reasons: list[str] = []
+        if not database.ok:
+            reasons.append(f"database unreachable: {database.last_error}")
+        if not leader.ok:
+            reasons.append(f"leader lock unreachable: {leader.last_error}")
+        if not self.standby:
             # a healthy standby is ready (so a PodDisruptionBudget counts it); it takes over on loss
             # of the leader and then has to observe before acting, like any fresh start
-            return True, detail
-        limit = timedelta(seconds=3 * self.config.loop.interval_s + 1)
-        ready = (last is not None and now - last <= limit
-                 and self.consecutive_failures < self.config.loop.ready_after_failed_ticks
-                 and self.observed_once >= set(self.policy_store.policies()) & set(self.models))
-        return ready, detail
+            reasons.extend(self._tick_reasons(now, last))
+        detail["reasons"] = reasons
+        return not reasons, detail
+
+    def _tick_reasons(self, now: datetime, last: datetime | None) -> list[str]:
+        limit_s = 3 * self.config.loop.interval_s + READY_SLACK_WALL_S * self._rate()
+        out = []
+        if last is None:
+            out.append("no successful tick yet")
+        elif (now - last).total_seconds() > limit_s:
+            out.append(f"last successful tick {(now - last).total_seconds():.0f} s ago (limit {limit_s:.0f} s, daemon clock)")
+        if self.consecutive_failures >= self.config.loop.ready_after_failed_ticks:
+            out.append(f"{self.consecutive_failures} consecutive failed ticks")
+        unobserved = (set(self.policy_store.policies()) & set(self.models)) - self.observed_once
+        if unobserved:
+            out.append(f"not observed yet: {', '.join(sorted(unobserved))}")
+        return out
+
+    def _database_error(self) -> str | None:
+        try:
+            self.repo.ping()
+        except Exception as e:  # noqa: BLE001 - any failure to answer is the reason shown
+            return f"{type(e).__name__}: {getattr(e, 'orig', None) or e}"  # the driver's words, not SQLAlchemy's wrapping
+        return None
 
     def status(self) -> dict[str, Any]:
         from controller.db.codec import sample_to_json  # local: codec is a leaf helper
@@ -495,11 +596,14 @@ class Daemon:
 
     # ------------------------------------------------------------------ scheduling
     def start(self, wall_interval_s: float | None = None, policy_reload_s: float | None = None) -> None:
-        """Schedule the tick (max one instance, coalesced) and the policy watcher."""
+        """Schedule the tick (max one instance, coalesced) and the policy watcher. The tick runs
+        every ``loop.interval_s`` of the daemon's clock unless ``wall_interval_s`` says otherwise."""
         from apscheduler.schedulers.background import BackgroundScheduler
 
         self.reload_policies()
-        interval = wall_interval_s if wall_interval_s is not None else self.config.loop.interval_s
+        # one clock: ticks come every interval_s of the daemon's clock, which for the demo's
+        # accelerated clock is interval_s / speedup wall seconds (readiness measures the same clock)
+        interval = wall_interval_s if wall_interval_s is not None else self.config.loop.interval_s / self._rate()
         sched = BackgroundScheduler(timezone="UTC")
         sched.add_job(self._safe_tick, "interval", seconds=interval, id="tick", max_instances=1,
                       coalesce=True, misfire_grace_time=None, next_run_time=datetime.now().astimezone())

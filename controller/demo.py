@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import sys
 import threading
@@ -19,11 +20,25 @@ from typing import TextIO
 
 from controller.analysis import all_ok, check_story
 from controller.core.model import Decision, ModelSignals
-from controller.runtime import build_runtime, load_config
+from controller.errors import UserError
+from controller.runtime import AddressUnavailable, build_runtime, load_config
 
 
 def demo_config_path() -> Path:
     return Path(str(resources.files("controller") / "demo_assets" / "config.yaml"))
+
+
+def tidegate_command() -> str:
+    """How a shell runs this installation's ``tidegate``, for hints printed to copy: the bare name
+    when the PATH finds this very script, else the console script's full path beside this Python
+    (``make demo`` runs ``.venv/bin/tidegate``, which is not on the PATH), else ``python -m``."""
+    script = Path(sys.executable).parent / "tidegate"  # not resolved: a venv's python is a symlink
+    if script.is_file():
+        on_path = shutil.which("tidegate")
+        if on_path is not None and Path(on_path).resolve() == script.resolve():
+            return "tidegate"
+        return shlex.quote(str(script))
+    return f"{shlex.quote(sys.executable)} -m controller.cli"
 
 
 def _fmt(v: float | None, spec: str) -> str:
@@ -38,9 +53,13 @@ def run_demo(*, duration_s: float = 120, port: int = 8080, workdir: Path = Path(
     logs.setup("text", "WARNING")
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
     workdir = workdir.resolve()
-    if workdir.exists():
-        shutil.rmtree(workdir)
-    workdir.mkdir(parents=True)
+    try:
+        if workdir.exists():
+            shutil.rmtree(workdir)
+        workdir.mkdir(parents=True)
+    except OSError as e:
+        raise UserError(f"cannot prepare the demo's work folder {workdir}: {e.strerror or e}; "
+                        "pass --workdir with a folder this user may create") from e
     cfg = load_config(demo_config_path())
     updates = {"database": cfg.database.model_copy(update={"url": f"sqlite:///{workdir / 'demo.db'}"}),
                "api": cfg.api.model_copy(update={"port": port})}
@@ -71,7 +90,15 @@ def run_demo(*, duration_s: float = 120, port: int = 8080, workdir: Path = Path(
                   f"{d.cost_per_hour_usd:8.1f}  {d.reason}", file=out, flush=True)
 
     daemon.on_decision = show
-    rt.serve_api(cfg.api.host, cfg.api.port)
+    try:
+        rt.serve_api(cfg.api.host, port)
+    except AddressUnavailable as e:
+        if not e.in_use:
+            rt.stop()
+            raise
+        rt.serve_api(cfg.api.host, 0)  # the demo runs anyway, on a free port, and says which
+        print(f"port {port} is in use on {cfg.api.host}; the admin API listens on port {rt.api_port} instead "
+              "(--port, or PORT= with make demo, picks another)", file=out)
     base = f"http://{cfg.api.host}:{rt.api_port}"
     print(f"tidegate demo: simulated fleet at {cfg.providers.speedup:g}x "  # type: ignore[union-attr]
           f"(one wall second = {cfg.providers.speedup:g} simulated s), database {workdir / 'demo.db'}", file=out)  # type: ignore[union-attr]
@@ -80,8 +107,7 @@ def run_demo(*, duration_s: float = 120, port: int = 8080, workdir: Path = Path(
     if not quiet:
         print(f"{'sim time':<8} {'req/s':>6} {'queue':>6} {'p99 ms':>8} {'replicas':<10} "
               + " ".join(f"{p:>{max(len(p), 3)}}" for p in pool_names) + f" {'$/h':>8}  reason", file=out)
-    wall_interval = cfg.loop.interval_s / cfg.providers.speedup  # type: ignore[union-attr]
-    daemon.start(wall_interval_s=wall_interval)
+    daemon.start()  # every loop.interval_s of the accelerated clock: interval_s / speedup wall seconds
     stop = threading.Event()
     try:
         stop.wait(duration_s)
@@ -98,6 +124,7 @@ def run_demo(*, duration_s: float = 120, port: int = 8080, workdir: Path = Path(
     print(f"\n{len(rows)} decisions recorded in {workdir / 'demo.db'}; what the decision log shows:", file=out)
     for f in findings:
         print(f"  [{'ok' if f.ok else 'NO'}] {f.check}: {f.detail}", file=out)
-    print(f"inspect: tidegate decisions --url sqlite:///{workdir / 'demo.db'} --json", file=out)
+    url = shlex.quote(f"sqlite:///{workdir / 'demo.db'}")
+    print(f"inspect: {tidegate_command()} decisions --url {url} --json", file=out)
     del sim
     return 0 if all_ok(findings) else 1

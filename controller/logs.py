@@ -41,6 +41,10 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+HTTP_CLIENT_LOGGERS = ("httpx", "httpcore", "urllib3", "requests", "prometheus_api_client")
+"""Loggers of the HTTP client libraries the providers use, kept at WARNING unless the level is DEBUG."""
+
+
 def setup(fmt: str = "json", level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
@@ -51,6 +55,11 @@ def setup(fmt: str = "json", level: str = "INFO") -> None:
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
     # "skipped: maximum number of running instances reached" is the coalescing working as meant
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
+    # HTTP clients log every request (httpx at INFO: one line per Prometheus query, ~170k a day);
+    # they speak only at DEBUG, where a person asked for that detail
+    quiet = logging.NOTSET if root.level <= logging.DEBUG else logging.WARNING
+    for name in HTTP_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(quiet)
 
 
 def log(logger: logging.Logger, level: int, msg: str, **fields: Any) -> None:

@@ -14,13 +14,18 @@ because the rules about *files* live here:
 * a model's ``version`` is a content hash of its documents (canonical YAML, so comments and key
   order do not count), stored with every decision;
 * ``PolicyStore`` keeps the last good policy of each model in force when an edit breaks it, exposes
-  the errors for ``/v1/policies``, and leaves models whose files are fine alone.
+  the errors for ``/v1/policies``, and leaves models whose files are fine alone;
+* a file is untrusted input: it is read with a size limit, parsed by a loader that stops at
+  ``PolicyLimits`` (nesting depth, nodes with aliases counted at their expanded size, aliases), read
+  only from inside the policies directory, and whatever goes wrong becomes a ``PolicyError``; the
+  store parses outside the lock its readers (the tick) take, so a slow file never stalls a tick.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import threading
 import types
 import typing
@@ -38,6 +43,7 @@ from policies.base import PolicyKind, Registry, UnknownPolicyKind
 __all__ = [
     "LoadResult",
     "PolicyError",
+    "PolicyLimits",
     "PolicyStore",
     "PolicyVersion",
     "ReloadReport",
@@ -59,6 +65,27 @@ _PRIORITY_SECTIONS = ("slo", "behavior", "placement", "missing_data")
 
 # --------------------------------------------------------------------------------------------------
 # values
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyLimits:
+    """How much of one policy file the loader reads and builds before it refuses the file.
+
+    Policy files are small (the largest example, ``policies/examples/llama3-70b-slo.yaml``, is
+    2,314 bytes, 138 YAML nodes and 7 levels deep); the limits make a hostile or broken file cost
+    bounded time and memory instead of stalling the daemon (a "billion laughs" file of a few
+    hundred bytes stands for 10^9 nodes)."""
+
+    max_file_bytes: int = 1 << 20
+    """Largest file read, bytes (the daemon config's ``policy_max_file_bytes``). At most one byte
+    more is read to tell that a file is too large."""
+    max_depth: int = 64
+    """Deepest nesting of mappings and sequences."""
+    max_nodes: int = 20_000
+    """Most YAML nodes in one file, an alias counting as the nodes it stands for: what anything
+    walking the loaded data (validation, the line map, the canonical dump) would visit."""
+    max_aliases: int = 1_000
+    """Most alias references (``*name``) in one file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,13 +185,108 @@ class LoadResult:
 # YAML with line numbers
 
 
+class _LimitExceeded(Exception):
+    """A file went over one of the ``PolicyLimits`` while being composed."""
+
+    def __init__(self, message: str, mark: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line: int | None = None if mark is None else mark.line + 1
+
+
+# libyaml's event parser when PyYAML was built with it (the usual wheel), else PyYAML's own: the
+# composer below stays PyYAML's Python one either way, so that every node passes through it.
+_EventParser: Any
+try:
+    from yaml.cyaml import CParser as _EventParser  # type: ignore[attr-defined, import-untyped, unused-ignore]
+except ImportError:  # pragma: no cover - a PyYAML built without libyaml
+    _EventParser = type("_PyEventParser", (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser), {})
+_LIBYAML = _EventParser.__name__ == "CParser"
+
+
+class _BoundedLoader(yaml.composer.Composer, _EventParser, yaml.constructor.SafeConstructor,  # type: ignore[misc, unused-ignore]
+                     yaml.resolver.Resolver):
+    """PyYAML's safe loader, counting as it composes: nesting depth, alias references, and nodes
+    with each alias counted at the size of the node it points to. It stops at the first limit
+    passed, before anything walks the (possibly exponential) expanded data. A recursive alias
+    (a node that contains an alias to itself) is refused: nothing downstream expects a cycle."""
+
+    def __init__(self, text: str, limits: PolicyLimits) -> None:
+        if _LIBYAML:
+            _EventParser.__init__(self, text)
+        else:
+            yaml.reader.Reader.__init__(self, text)
+            yaml.scanner.Scanner.__init__(self)
+            yaml.parser.Parser.__init__(self)
+        yaml.composer.Composer.__init__(self)
+        yaml.constructor.SafeConstructor.__init__(self)
+        yaml.resolver.Resolver.__init__(self)
+        self._limits = limits
+        self._depth = 0
+        self._nodes = 0
+        self._aliases = 0
+        self._sizes: dict[int, tuple[Any, int]] = {}
+        """id(anchored node) -> (the node, kept alive so its id stays unique; its expanded size)."""
+
+    def _count(self, n: int, mark: Any) -> None:
+        self._nodes += n
+        if self._nodes > self._limits.max_nodes:
+            raise _LimitExceeded(
+                f"the file holds more than {self._limits.max_nodes} YAML nodes (an alias counts as "
+                "the nodes it stands for); a policy file needs far fewer: remove repeated aliases "
+                "or split the file", mark)
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > self._limits.max_aliases:
+                raise _LimitExceeded(f"the file uses more than {self._limits.max_aliases} aliases "
+                                     "(*name); write the values out or split the file",
+                                     event.start_mark)
+            target = self.anchors.get(event.anchor)
+            if target is not None:  # an undefined alias is PyYAML's own error below
+                sized = self._sizes.get(id(target))
+                if sized is None:
+                    raise _LimitExceeded(f"alias *{event.anchor} is used inside the node it names "
+                                         "(a recursive structure); a policy cannot be recursive",
+                                         event.start_mark)
+                self._count(sized[1], event.start_mark)
+            return super().compose_node(parent, index)
+        self._depth += 1
+        if self._depth > self._limits.max_depth:
+            raise _LimitExceeded(f"mappings and sequences nest deeper than {self._limits.max_depth} "
+                                 "levels; a policy needs far fewer", event.start_mark)
+        before = self._nodes
+        self._count(1, event.start_mark)
+        node = super().compose_node(parent, index)
+        self._depth -= 1
+        if event.anchor is not None:
+            self._sizes[id(node)] = (node, self._nodes - before)
+        return node
+
+    def compose_document(self) -> Any:
+        node = super().compose_document()
+        self._sizes.clear()  # anchors are per document
+        return node
+
+
 def _line_map(node: yaml.Node) -> tuple[dict[Loc, int], list[tuple[Loc, int, int]]]:
     """Field path -> 1-based line of its key (or sequence item), plus duplicate keys found as
-    ``(path, line, first_line)`` (PyYAML would silently keep the last one)."""
+    ``(path, line, first_line)`` (PyYAML would silently keep the last one).
+
+    A node reached again through an alias is not walked again (fields under an alias are reported
+    at the alias's line): the walk visits each node once, however often aliases repeat it."""
     lines: dict[Loc, int] = {(): node.start_mark.line + 1}
     dups: list[tuple[Loc, int, int]] = []
-
-    def walk(n: yaml.Node, path: Loc) -> None:
+    walked: set[int] = set()
+    stack: list[tuple[yaml.Node, Loc]] = [(node, ())]
+    while stack:  # iterative: depth is bounded by the loader, but a stack costs nothing here
+        n, path = stack.pop()
+        if id(n) in walked:
+            continue
+        walked.add(id(n))
+        children: list[tuple[yaml.Node, Loc]] = []
         if isinstance(n, yaml.MappingNode):
             seen: dict[str, int] = {}
             for k, v in n.value:
@@ -178,14 +300,13 @@ def _line_map(node: yaml.Node) -> tuple[dict[Loc, int], list[tuple[Loc, int, int
                     continue
                 seen[key] = line
                 lines[p] = line
-                walk(v, p)
+                children.append((v, p))
         elif isinstance(n, yaml.SequenceNode):
             for i, item in enumerate(n.value):
                 p = path + (i,)
                 lines[p] = item.start_mark.line + 1
-                walk(item, p)
-
-    walk(node, ())
+                children.append((item, p))
+        stack.extend(reversed(children))  # document order, as a recursive walk would go
     return lines, dups
 
 
@@ -211,7 +332,10 @@ def format_path(loc: Sequence[str | int]) -> str:
 
 
 def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
+    return _clip(repr(value), limit)
+
+
+def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -291,21 +415,30 @@ def _canonical(data: Any) -> str:
 
 
 def parse_policy_text(file: str, text: str, registry: Registry,
-                      known_models: set[str] | frozenset[str] | None = None) -> FileResult:
-    """Parse and validate one file's text (every document in it). Pure: no file access."""
+                      known_models: set[str] | frozenset[str] | None = None,
+                      limits: PolicyLimits = PolicyLimits()) -> FileResult:
+    """Parse and validate one file's text (every document in it). Pure: no file access.
+
+    Never raises: whatever goes wrong (a limit, a syntax error, a value PyYAML cannot build such
+    as a 5000-digit integer or the date 2026-13-45, anything) is a ``PolicyError``. A file with an
+    error that cannot be tied to a model is *opaque* and yields no documents at all: a model is
+    never given a policy built from part of a file."""
     sha = hashlib.sha256(text.encode()).hexdigest()
     docs: list[PolicyDocument] = []
     errors: list[PolicyError] = []
     models: set[str] = set()
     error_models: set[str] = set()
     opaque = False
-    loader = yaml.SafeLoader(text)
+    loader: _BoundedLoader | None = None
     index = 0
+    doc_line: int | None = None
     try:
+        loader = _BoundedLoader(text, limits)  # checks the characters: may raise ReaderError
         while loader.check_node():
             node = loader.get_node()
             if node is None:  # pragma: no cover - check_node said there is one
                 break
+            doc_line = node.start_mark.line + 1
             doc, doc_errors, model = _parse_document(file, index, node, loader, registry, known_models)
             index += 1
             if model is not None:
@@ -318,20 +451,29 @@ def parse_policy_text(file: str, text: str, registry: Registry,
                     opaque = True
                 else:
                     error_models.add(model)
+            doc_line = None
+    except _LimitExceeded as e:
+        errors.append(PolicyError(file, e.line, "", f"refused: {e.message}"))
+        opaque = True
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         problem = getattr(e, "problem", None) or str(e)
         context = getattr(e, "context", None)
-        detail = f"{context}, {problem}" if context else str(problem)
+        detail = " ".join((f"{context}, {problem}" if context else str(problem)).split())  # one line
         errors.append(PolicyError(file, None if mark is None else mark.line + 1, "",
                                   f"YAML syntax error: {detail}"))
         opaque = True
+    except Exception as e:  # noqa: BLE001 - a file must never crash a reload, whatever it holds
+        errors.append(PolicyError(file, doc_line, "", f"cannot load the document: "
+                                  f"{type(e).__name__}: {_clip(str(e), 200)}"))
+        opaque = True
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if index == 0 and not errors:
         errors.append(PolicyError(file, 1, "", "the file holds no YAML document"))
         opaque = True
-    return FileResult(file, sha, tuple(docs), tuple(errors), frozenset(models),
+    return FileResult(file, sha, () if opaque else tuple(docs), tuple(errors), frozenset(models),
                       frozenset(error_models), opaque)
 
 
@@ -426,39 +568,106 @@ def _parse_document(file: str, index: int, node: yaml.Node, loader: yaml.SafeLoa
 # assembling files into per-model policies
 
 
-def expand_paths(paths: PathLike | Iterable[PathLike]) -> list[str]:
-    """Files to read: each file as given, each directory's ``*.yaml``/``*.yml`` (not recursive,
-    not hidden), in name order."""
+class _Source(NamedTuple):
+    file: str
+    root: str | None
+    """The directory the file was listed from (it is read only if it resolves inside it); ``None``
+    for a file named on its own, which is read wherever it is."""
+
+
+def _sources(paths: PathLike | Iterable[PathLike]) -> list[_Source]:
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    out: list[str] = []
+    out: dict[str, _Source] = {}
     for p in paths:
         path = Path(p)
         if path.is_dir():
             # Hidden names are skipped: editor lock/backup files, and the ``..data`` machinery of
-            # a mounted ConfigMap.
-            out.extend(str(c) for c in sorted(path.iterdir())
-                       if c.suffix in YAML_SUFFIXES and not c.name.startswith(".") and c.is_file())
+            # a mounted ConfigMap. Symbolic links are listed whatever they point to, so that one
+            # leading outside the directory (or nowhere) is reported, not silently skipped.
+            for c in sorted(path.iterdir()):
+                if c.suffix in YAML_SUFFIXES and not c.name.startswith(".") and (
+                        c.is_symlink() or c.is_file()):
+                    out.setdefault(str(c), _Source(str(c), str(path)))
         else:
-            out.append(str(path))
-    return list(dict.fromkeys(out))
+            out.setdefault(str(path), _Source(str(path), None))
+    return list(out.values())
 
 
-def _read_file(file: str, registry: Registry,
-               known_models: set[str] | frozenset[str] | None) -> FileResult:
+def expand_paths(paths: PathLike | Iterable[PathLike]) -> list[str]:
+    """Files to read: each file as given, each directory's ``*.yaml``/``*.yml`` (not recursive,
+    not hidden), in name order."""
+    return [s.file for s in _sources(paths)]
+
+
+class _Unreadable(Exception):
+    """A file that is not read at all; the message is safe to show (it quotes nothing of the
+    file's content, nor of a symbolic link's target)."""
+
+
+def _read_text(src: _Source, max_bytes: int) -> str:
+    """The file's text, read with a bounded read. A file listed from a directory is read only
+    when its real path (every symbolic link followed, as a Kubernetes ConfigMap mount's
+    ``name.yaml -> ..data/name.yaml`` and ``..data -> ..2026_...`` are) stays inside that
+    directory; only regular files are read (a FIFO would block the reload forever)."""
+    path = src.file
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+    if src.root is not None:
+        root = os.path.realpath(src.root)
+        real = os.path.realpath(path)
+        if os.path.commonpath([root, real]) != root:
+            raise _Unreadable("refused: a symbolic link that leads outside the policies directory "
+                              f"{src.root} (only files inside it are read; copy the file in)")
+        path = real
+        flags |= getattr(os, "O_NOFOLLOW", 0)  # the real path has no link left to follow
     try:
-        text = Path(file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        return FileResult(file, "", (), (PolicyError(file, None, "", f"cannot read the file: {why}"),),
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise _Unreadable(f"cannot read the file: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise _Unreadable("cannot read the file: not a regular file")
+        try:
+            data = f.read(max_bytes + 1)
+        except OSError as e:
+            raise _Unreadable(f"cannot read the file: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        size = max(info.st_size, len(data))
+        raise _Unreadable(f"refused: the file is {size} bytes, over the limit of {max_bytes} bytes "
+                          "(policy_max_file_bytes in the daemon config); split it into smaller "
+                          "files")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _Unreadable(f"cannot read the file: not UTF-8 text (byte {e.start})") from None
+
+
+def _load_source(src: _Source, registry: Registry, known_models: set[str] | frozenset[str] | None,
+                 limits: PolicyLimits, cache: dict[str, FileResult] | None = None) -> FileResult:
+    """Read and parse one file; ``cache`` (file -> last result) skips parsing unchanged text."""
+    try:
+        text = _read_text(src, limits.max_file_bytes)
+    except _Unreadable as e:
+        if cache is not None:
+            cache.pop(src.file, None)
+        return FileResult(src.file, "", (), (PolicyError(src.file, None, "", str(e)),),
                           frozenset(), frozenset(), True)
-    return parse_policy_text(file, text, registry, known_models)
+    if cache is not None:
+        cached = cache.get(src.file)
+        if cached is not None and cached.sha256 == hashlib.sha256(text.encode()).hexdigest():
+            return cached
+    result = parse_policy_text(src.file, text, registry, known_models, limits)
+    if cache is not None:
+        cache[src.file] = result
+    return result
 
 
 def load_policy_files(paths: PathLike | Iterable[PathLike], registry: Registry,
-                      known_models: set[str] | frozenset[str] | None = None) -> LoadResult:
+                      known_models: set[str] | frozenset[str] | None = None,
+                      limits: PolicyLimits = PolicyLimits()) -> LoadResult:
     """Read, validate and merge policy files (directories expand to their YAML files)."""
-    return _assemble([_read_file(f, registry, known_models) for f in expand_paths(paths)])
+    return _assemble([_load_source(s, registry, known_models, limits) for s in _sources(paths)])
 
 
 def _sort_key(doc: PolicyDocument) -> tuple[str, str, int]:
@@ -642,15 +851,27 @@ class PolicyStore:
 
     ``reload`` is cheap when nothing changed: files are read and hashed (they are small), and
     parsed only when their hash changed. (Not ``stat``-based: a rewrite within the file system's
-    timestamp granularity would go unseen.) A model with any error,
-    or fed before by a file that can no longer be read or parsed, keeps its previous good version.
-    Thread-safe: the reload job and the API may call it concurrently.
+    timestamp granularity would go unseen.) A model keeps its last good version until a valid one
+    for it appears, whatever the files are called: a model with any error, fed before by a file
+    that can no longer be read or parsed, or left without documents while some file's errors
+    cannot be tied to a model (a file renamed and broken at once), keeps its previous version.
+    Only when every file is clean does a model that no file names any more lose its policy.
+
+    Thread-safe: the reload job and the API may call it concurrently. Reloads take turns on a
+    lock of their own and read, parse and merge without the lock the readers (the tick) take;
+    the readers' lock only guards the swap to the new state, so a slow or hostile file never
+    makes a tick wait.
     """
 
-    def __init__(self, registry: Registry, known_models: set[str] | frozenset[str] | None = None) -> None:
+    def __init__(self, registry: Registry, known_models: set[str] | frozenset[str] | None = None,
+                 limits: PolicyLimits = PolicyLimits()) -> None:
         self._registry = registry
         self._known = None if known_models is None else frozenset(known_models)
+        self._limits = limits
         self._lock = threading.Lock()
+        """Guards ``_state`` and ``_versions``: held only to read them or to swap in new ones."""
+        self._reload_lock = threading.Lock()
+        """One reload at a time; guards ``_cache``, ``_fingerprint`` and ``_seen``."""
         self._cache: dict[str, FileResult] = {}
         self._state = _State()
         self._fingerprint: tuple[tuple[str, str], ...] | None = None
@@ -725,54 +946,66 @@ class PolicyStore:
 
     # --- reloading ---
 
-    def _file_result(self, file: str) -> FileResult:
-        try:
-            text = Path(file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            self._cache.pop(file, None)
-            return _read_file(file, self._registry, self._known)  # the same error, as a result
-        cached = self._cache.get(file)
-        if cached is not None and cached.sha256 == hashlib.sha256(text.encode()).hexdigest():
-            return cached
-        result = parse_policy_text(file, text, self._registry, self._known)
-        self._cache[file] = result
-        return result
-
     def reload(self, paths: PathLike | Iterable[PathLike]) -> ReloadReport:
         """Re-read the files (a directory means its ``*.yaml``/``*.yml``) and update the
-        policies in force; see the class docstring for what is kept on errors."""
-        with self._lock:
+        policies in force; see the class docstring for what is kept on errors. Never raises:
+        a failure of the reload itself is reported as an error and keeps every policy."""
+        with self._reload_lock:
             source_errors: list[PolicyError] = []
-            if isinstance(paths, (str, os.PathLike)) and not Path(paths).exists():
-                source_errors.append(PolicyError(str(paths), None, "", "no such file or directory"))
-                file_list: list[str] = []
+            try:
+                if isinstance(paths, (str, os.PathLike)) and not Path(paths).exists():
+                    source_errors.append(PolicyError(str(paths), None, "", "no such file or directory"))
+                    sources: list[_Source] = []
+                else:
+                    sources = _sources(paths)
+                results = [_load_source(s, self._registry, self._known, self._limits, self._cache)
+                           for s in sources]
+                listed = {s.file for s in sources}
+                for f in list(self._cache):
+                    if f not in listed:
+                        del self._cache[f]
+                fingerprint = tuple((r.file, r.sha256 or str(r.errors[0])) for r in results)
+                fingerprint += tuple((e.file, e.message) for e in source_errors)
+                if fingerprint == self._fingerprint:
+                    # Nothing new to report (the current errors stay visible in errors()/status()),
+                    # so a caller that logs every reported error does not repeat itself every poll.
+                    return ReloadReport(changed=False)
+                loaded = _assemble(results)
+            except Exception as e:  # noqa: BLE001 - a reload must never take the daemon down
+                # Nothing can be trusted: keep every policy, and try again from scratch next time.
+                self._cache.clear()
+                self._fingerprint = None
+                what = str(paths) if isinstance(paths, (str, os.PathLike)) else "policy files"
+                source_errors = [PolicyError(what, None, "", f"the reload failed and every policy "
+                                             f"stays as it was: {type(e).__name__}: {_clip(str(e), 200)}")]
+                loaded = _assemble([])
             else:
-                file_list = expand_paths(paths)
-            results = [self._file_result(f) for f in file_list]
-            for f in list(self._cache):
-                if f not in file_list:
-                    del self._cache[f]
-            fingerprint = tuple((r.file, r.sha256 or str(r.errors[0])) for r in results)
-            fingerprint += tuple((e.file, e.message) for e in source_errors)
-            if fingerprint == self._fingerprint:
-                # Nothing new to report (the current errors stay visible in errors()/status()),
-                # so a caller that logs every reported error does not repeat itself every poll.
-                return ReloadReport(changed=False)
-            self._fingerprint = fingerprint
-            return self._apply(_assemble(results), source_errors)
+                self._fingerprint = fingerprint
+            state, report, first_seen = self._next_state(loaded, source_errors)
+            with self._lock:
+                self._state = state
+                self._versions.extend(first_seen)
+            return report
 
-    def _apply(self, result: LoadResult, source_errors: list[PolicyError]) -> ReloadReport:
-        prev = self._state
+    def _next_state(self, result: LoadResult, source_errors: list[PolicyError],
+                    ) -> tuple[_State, ReloadReport, list[PolicyVersion]]:
+        """The state after ``result``, what to report, and the versions never seen before."""
+        prev = self._state  # only reloads replace it, and they take turns
         opaque = {r.file for r in result.files if r.opaque}
         # Models fed before by a file that now cannot be read or parsed: their documents may be
         # in it, so the new set of documents may be incomplete.
         suspect = {m for m, p in prev.policies.items() if opaque.intersection(p.sources)}
+        if opaque:
+            # A file whose models cannot be told may be where a model's documents went (renamed
+            # and broken at once): a model left without documents keeps its version.
+            suspect |= {m for m in prev.policies if m not in result.policies}
         if source_errors:
             suspect |= set(prev.policies)  # the whole directory vanished: keep everything
         failed = set(result.failed_models) | suspect
 
         policies: dict[str, EffectivePolicy] = {}
         new_versions: list[PolicyVersion] = []
+        first_seen: list[PolicyVersion] = []
         kept: set[str] = set()
         for model, pol in result.policies.items():
             if model in failed:
@@ -784,7 +1017,7 @@ class PolicyStore:
                 new_versions.append(v)
                 if (model, pol.version) not in self._seen:
                     self._seen.add((model, pol.version))
-                    self._versions.append(v)
+                    first_seen.append(v)
         for model in failed:
             if model in prev.policies:
                 policies[model] = prev.policies[model]
@@ -792,14 +1025,15 @@ class PolicyStore:
         removed = sorted(m for m in prev.policies if m not in policies)
 
         errors = tuple(source_errors) + result.errors
-        self._state = _State(
+        state = _State(
             policies=policies,
             errors=errors,
             files={r.file: r for r in result.files},
             kept_previous=frozenset(kept),
             failed=frozenset(failed),
         )
-        return ReloadReport(True, tuple(new_versions), tuple(removed), tuple(sorted(kept)), errors)
+        report = ReloadReport(True, tuple(new_versions), tuple(removed), tuple(sorted(kept)), errors)
+        return state, report, first_seen
 
 
 # --------------------------------------------------------------------------------------------------
@@ -832,19 +1066,30 @@ def json_schema(registry: Registry) -> dict[str, Any]:
 
 
 def validate_files(paths: PathLike | Iterable[PathLike], registry: Registry, out: IO[str],
-                   known_models: set[str] | frozenset[str] | None = None) -> int:
-    """``tidegate policy validate FILE...``: print ``FILE:LINE: PATH: message`` per problem and a
-    summary; 0 when everything is valid, else 1."""
-    files = expand_paths(paths)
-    result = load_policy_files(files, registry, known_models)
-    for e in sorted(result.errors, key=lambda e: (e.file, e.line or 0, e.path)):
-        print(str(e), file=out)
-    n_docs = sum(len(f.documents) for f in result.files)
-    if result.ok:
-        models = ", ".join(f"{m} ({p.version})" for m, p in sorted(result.policies.items()))
-        print(f"OK: {len(files)} file(s), {n_docs} document(s) valid; models: {models or 'none'}",
+                   known_models: set[str] | frozenset[str] | None = None,
+                   limits: PolicyLimits = PolicyLimits()) -> int:
+    """``tidegate policy validate PATH...``: each path is checked on its own (a file alone, a
+    directory as the daemon loads it, its files merged per model); print ``FILE:LINE: PATH:
+    message`` per problem and a summary per path; 0 when every path is valid, else 1."""
+    args = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    failed = 0
+    for arg in args:
+        prefix = f"{arg}: " if len(args) > 1 else ""
+        files = expand_paths(arg)
+        result = load_policy_files(arg, registry, known_models, limits)
+        errors = result.errors
+        for e in sorted(errors, key=lambda e: (e.file, e.line or 0, e.path)):
+            print(str(e), file=out)
+        n_docs = sum(len(f.documents) for f in result.files)
+        if not errors:
+            models = ", ".join(f"{m} ({p.version})" for m, p in sorted(result.policies.items()))
+            print(f"{prefix}OK: {len(files)} file(s), {n_docs} document(s) valid; models: "
+                  f"{models or 'none'}", file=out)
+            continue
+        failed += 1
+        bad_files = len({e.file for e in errors})
+        print(f"{prefix}FAILED: {len(errors)} error(s) in {bad_files} of {len(files)} file(s)",
               file=out)
-        return 0
-    bad_files = len({e.file for e in result.errors})
-    print(f"FAILED: {len(result.errors)} error(s) in {bad_files} of {len(files)} file(s)", file=out)
-    return 1
+    if len(args) > 1:
+        print(f"{len(args) - failed} of {len(args)} path(s) valid, each checked on its own", file=out)
+    return 1 if failed else 0

@@ -82,3 +82,27 @@ class PriceSource(Protocol):
 
     def prices(self, pools: Sequence[PoolSpec], now: datetime) -> Mapping[str, float]:
         ...
+
+
+@runtime_checkable
+class LeaderElector(Protocol):
+    """Leader election between daemon replicas (``providers.leader`` has a PostgreSQL advisory lock
+    and a Kubernetes Lease). Asked before every tick; only the leader observes, decides and acts."""
+
+    identity: str
+    check_error: str | None
+    """Why the last ``try_acquire`` could not reach the lock's backend; ``None`` when it could
+    (holding the lock or not). The daemon turns unready while it is set."""
+
+    def try_acquire(self) -> bool:
+        """Become (or stay) leader if possible; ``True`` while this instance may actuate."""
+        ...
+
+    def is_leader(self) -> bool:
+        """Whether this instance holds leadership now (checked, not remembered)."""
+        ...
+
+    def release(self) -> None:
+        """Give leadership up (on shutdown) so a follower takes over without waiting."""
+        ...
+

@@ -6,8 +6,11 @@ the simulator pass their own) while ``tidegate run`` / ``tidegate demo`` get the
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import re
+import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,10 +20,12 @@ import yaml
 from pydantic import ValidationError
 
 from controller.auth import TokenAuth
-from controller.config import DaemonConfig, SimulatedProviders
+from controller.config import DaemonConfig, RealProviders, SimulatedProviders
 from controller.daemon import Daemon
 from controller.db.migrate import upgrade
+from controller.db.preflight import connect_problem, database_errors, url_problem
 from controller.db.repo import Repository
+from controller.errors import UserError
 from controller.metrics import DaemonMetrics
 from controller.protocols import Clock
 from policies.base import Registry
@@ -28,8 +33,43 @@ from policies.base import Registry
 logger = logging.getLogger("tidegate.runtime")
 
 
-class ConfigError(Exception):
-    """A config file that cannot be used, with every problem listed."""
+class ConfigError(UserError):
+    """A config file that cannot be used, with every problem listed (one per line)."""
+
+
+class AddressUnavailable(UserError):
+    """The admin API cannot listen on its address (taken, or not an address of this host)."""
+
+    def __init__(self, message: str, *, in_use: bool) -> None:
+        super().__init__(message)
+        self.in_use = in_use
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (port 0: any free one), ready for uvicorn to listen on;
+    :class:`AddressUnavailable` when it cannot be bound."""
+    fix = "choose another api.port (0 picks a free one)"
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise AddressUnavailable(f"cannot serve the admin API on {host}:{port}: {e.strerror}; "
+                                 "set api.host to an address of this machine (e.g. 127.0.0.1 or 0.0.0.0)",
+                                 in_use=False) from e
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio does: TIME_WAIT is no obstacle
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        in_use = e.errno == errno.EADDRINUSE
+        hint = f"stop the process that listens there or {fix}" if in_use else \
+            f"set api.host to an address of this machine or {fix}"
+        raise AddressUnavailable(f"cannot serve the admin API on {host}:{port}: {e.strerror or e}; {hint}",
+                                 in_use=in_use) from e
+    return sock
 
 
 def load_config(path: Path) -> DaemonConfig:
@@ -66,6 +106,102 @@ def load_config(path: Path) -> DaemonConfig:
     return cfg.model_copy(update=updates) if updates else cfg
 
 
+def preflight(cfg: DaemonConfig, *, connect: bool = False) -> list[str]:
+    """What ``tidegate run`` needs from a valid config, beyond its schema: one line per problem
+    (what, which field, how to fix). ``connect``: also reach the database and Prometheus, as the
+    daemon's first minute would. ``tidegate config validate`` and :func:`build_runtime` both ask."""
+    problems = []
+    if not cfg.policies_dir.is_dir():
+        what = "is not a folder" if cfg.policies_dir.exists() else "does not exist"
+        problems.append(f"policies_dir {cfg.policies_dir} {what}; create it and put the ScalingPolicy files there, "
+                        "or set policies_dir to the folder that holds them")
+    db = (connect_problem if connect else url_problem)(cfg.database.url, _database_source())
+    if db is not None:
+        problems.append(db)
+    for field_name, src in (("api.admin_tokens.file", cfg.api.admin_tokens), ("api.viewer_tokens.file", cfg.api.viewer_tokens)):
+        if src.file is not None and not Path(src.file).is_file():
+            problems.append(f"{field_name} {src.file} does not exist; create it (one token per line) or remove {field_name}")
+    if isinstance(cfg.providers, RealProviders):
+        prom = cfg.providers.settings.prometheus
+        if prom is None:
+            problems.append("providers.settings.prometheus is missing: providers.type real reads its signals from "
+                            "Prometheus; add providers.settings.prometheus.url (e.g. http://prometheus.monitoring:9090)")
+        kubeconfig = cfg.providers.settings.kubernetes.kubeconfig
+        if kubeconfig is not None and not Path(kubeconfig).expanduser().is_file():
+            problems.append(f"providers.settings.kubernetes.kubeconfig {kubeconfig} does not exist; "
+                            "point it at a kubeconfig file, or unset it to use KUBECONFIG, ~/.kube/config or the pod's service account")
+        if prom is not None and connect:
+            problem = prometheus_problem(prom.url, prom.timeout_s)
+            if problem is not None:
+                problems.append(problem)
+    return problems
+
+
+def policy_problems(cfg: DaemonConfig, registry: Registry | None = None) -> list[str]:
+    """The policies ``run`` would load from ``policies_dir``: each rejected file's problems and each
+    model left without a valid policy (the daemon starts, but cannot decide for that model until a
+    valid one appears). For ``tidegate config validate``; ``run`` itself starts regardless."""
+    if not cfg.policies_dir.is_dir():
+        return []  # preflight says so
+    from controller.policyfile import PolicyStore
+
+    store = PolicyStore(registry or Registry.from_entry_points(), known_models={m.name for m in cfg.models})
+    report = store.reload(cfg.policies_dir)
+    problems = [str(e) for e in report.errors]
+    in_force = store.policies()
+    problems += [f"model {m.name!r} has no valid ScalingPolicy in policies_dir {cfg.policies_dir}: the daemon would "
+                 f"not decide for it; add a policy file with spec.model: {m.name} (`tidegate policy validate FILE` checks it)"
+                 for m in cfg.models if m.name not in in_force]
+    return problems
+
+
+def _database_source() -> str:
+    return "TIDEGATE_DATABASE_URL" if os.environ.get("TIDEGATE_DATABASE_URL") else "database.url"
+
+
+def prometheus_problem(url: str, timeout_s: float) -> str | None:
+    """Why Prometheus's HTTP API at ``url`` does not answer a query (``vector(1)``); ``None`` when it does."""
+    from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+    from requests import JSONDecodeError, RequestException
+    from urllib3.util.retry import Retry
+
+    where = f"Prometheus at {url} (providers.settings.prometheus.url)"
+    try:
+        PrometheusConnect(url, retry=Retry(total=0), timeout=timeout_s).custom_query("vector(1)")  # type: ignore[arg-type]
+    except PrometheusApiClientException as e:  # its text carries the whole response body: keep the status
+        status = re.search(r"HTTP Status Code \d+", str(e))
+        return (f"{where} answered the query vector(1) with {status.group(0) if status else _first_line(e)}; "
+                "check that url is Prometheus's HTTP API (e.g. http://prometheus.monitoring:9090)")
+    except (JSONDecodeError, KeyError, TypeError) as e:  # an answer, but not Prometheus's JSON
+        return f"{where} did not answer as Prometheus does ({_first_line(e)}); check that url is Prometheus's HTTP API"
+    except RequestException as e:
+        return f"{where} cannot be reached ({_os_reason(e)}); start it or fix providers.settings.prometheus.url"
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
+def _os_reason(e: BaseException) -> str:
+    """The operating system's words (e.g. "Connection refused") inside a client library's chain of errors."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [e]
+    while todo:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.strerror:
+            return x.strerror
+        todo += [a for a in x.args if isinstance(a, BaseException)]
+        todo += [c for c in (x.__cause__, x.__context__) if c is not None]
+        reason = getattr(x, "reason", None)
+        if isinstance(reason, BaseException):
+            todo.append(reason)
+    return _first_line(e)
+
+
 @dataclass
 class Runtime:
     daemon: Daemon
@@ -81,19 +217,22 @@ class Runtime:
         return self.server.servers[0].sockets[0].getsockname()[1]
 
     def serve_api(self, host: str, port: int) -> None:
-        """Run uvicorn in a background thread; returns once it listens."""
+        """Run uvicorn in a background thread; returns once it listens. The socket is bound here,
+        before uvicorn starts, so a taken address raises :class:`AddressInUse` in the caller."""
         import uvicorn
 
         from controller.api import create_app
 
-        app = create_app(self.daemon, self.auth)
+        sock = bind_socket(host, port)
+        app = create_app(self.daemon, self.auth, self.daemon.config.api)
         cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
         self.server = uvicorn.Server(cfg)
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-        self.thread = threading.Thread(target=self.server.run, name="tidegate-api", daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, name="tidegate-api",
+                                       daemon=True)
         self.thread.start()
         started = threading.Event()
-        # uvicorn sets .started once bound; wait on it without a fixed sleep
+        # uvicorn sets .started once serving; wait on it without a fixed sleep
         for _ in range(1000):
             if self.server.started:
                 started.set()
@@ -110,43 +249,81 @@ class Runtime:
             self.server.should_exit = True
             if self.thread is not None:
                 self.thread.join(timeout=10)
+        if self.daemon.elector is not None:
+            self.daemon.elector.release()  # hand leadership over at once, not after the lease runs out
         real = self.extras.get("real")
         if real is not None:
-            real.close()  # hands leadership over at once instead of after the lease runs out
+            real.close()
         if close_repo:
             self.daemon.repo.close()
 
 
+def _no_credentials(e: Exception, prefix: str = "") -> str:
+    return (f"{prefix}providers.settings.kubernetes: cannot load credentials for the cluster ({_first_line(e)}); "
+            "set providers.settings.kubernetes.kubeconfig (and context) or host, or run in a cluster")
+
+
 def build_runtime(cfg: DaemonConfig, *, clock: Clock | None = None, dry_run: bool | None = None,
-                  registry: Registry | None = None, environ: dict[str, str] | None = None) -> Runtime:
-    """Migrate the database, build providers from the config and the daemon around them."""
-    upgrade(cfg.database.url)
-    repo = Repository(cfg.database.url)
+                  registry: Registry | None = None, environ: dict[str, str] | None = None,
+                  election_clock: Clock | None = None) -> Runtime:
+    """Check what the config needs (:func:`preflight`), migrate the database, build providers from
+    the config and the daemon around them. Raises a :class:`~controller.errors.UserError` with one
+    line per problem for what a person must fix (a missing folder, an unreachable database...).
+
+    ``clock`` is the daemon's (default: the wall clock, or the accelerated one of the simulated
+    providers). ``election_clock`` is the Lease's: the wall clock by default, never the
+    accelerated one, because the Lease's times are compared across processes; tests that drive
+    ``clock`` by hand pass the same one here to control expiry too."""
+    problems = preflight(cfg)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    with database_errors(cfg.database.url, _database_source()):
+        upgrade(cfg.database.url)
+        repo = Repository(cfg.database.url)
+    from kubernetes.config import ConfigException
+
     registry = registry or Registry.from_entry_points()
     metrics = DaemonMetrics()
     extras: dict[str, Any] = {}
+    from providers.clock import SystemClock
+    from providers.leader import build_elector
+    from providers.real import KubernetesConnection
+
+    kube = cfg.providers.settings.kubernetes if isinstance(cfg.providers, RealProviders) else KubernetesConnection()
     if isinstance(cfg.providers, SimulatedProviders):
         from providers.clock import AcceleratedClock
         from providers.sim import build_simulated_providers
 
         clock = clock or AcceleratedClock(cfg.providers.speedup)
         sim = build_simulated_providers(cfg, clock)
-        daemon = Daemon(cfg, clock=clock, metrics_source=sim.metrics, pool_providers=sim.pools,
-                        price_source=sim.prices, repo=repo, registry=registry, dry_run=dry_run,
-                        metrics=metrics)
+        sources: tuple[Any, Any, Any] = (sim.metrics, sim.pools, sim.prices)
         extras["sim"] = sim
+        api_client = kube.api_client
     else:
         from providers.real import build_real_providers
 
-        from providers.clock import SystemClock
-
         clock = clock or SystemClock()
-        real = build_real_providers(cfg, clock, dry_run=dry_run)
-        daemon = Daemon(cfg, clock=clock, metrics_source=real.metrics, pool_providers=real.pools,
-                        price_source=real.prices, repo=repo, registry=registry, dry_run=dry_run,
-                        metrics=metrics, is_leader=real.is_leader)
-        for func, seconds, job_id in real.jobs:  # e.g. the spot price refresh; run from daemon.start()
-            daemon.add_job(func, seconds, job_id)
+        try:
+            real = build_real_providers(cfg, clock, dry_run=dry_run)
+        except ValueError as e:  # settings that cannot run (documented by build_real_providers)
+            repo.close()
+            raise ConfigError(str(e)) from e
+        except ConfigException as e:  # no kubeconfig, no in-cluster service account
+            repo.close()
+            raise ConfigError(_no_credentials(e)) from e
+        sources = (real.metrics, real.pools, real.prices)
         extras["real"] = real
+        api_client = lambda: real.api_client  # noqa: E731 - one client for the pools and the Lease
+    try:
+        elector = build_elector(cfg.leader_election, database_url=cfg.database.url, api_client=api_client,
+                                clock=election_clock or SystemClock(), environ=environ)
+    except ConfigException as e:  # a Lease backend with no kubeconfig and no service account
+        repo.close()
+        raise ConfigError(_no_credentials(e, "leader_election: backend lease needs the cluster; ")) from e
+    daemon = Daemon(cfg, clock=clock, metrics_source=sources[0], pool_providers=sources[1],
+                    price_source=sources[2], repo=repo, registry=registry, dry_run=dry_run,
+                    metrics=metrics, elector=elector)
+    for func, seconds, job_id in getattr(extras.get("real"), "jobs", ()):  # e.g. the spot price refresh
+        daemon.add_job(func, seconds, job_id)  # run from daemon.start()
     auth = TokenAuth.from_config(cfg.api, environ)
     return Runtime(daemon=daemon, auth=auth, extras=extras)

@@ -33,7 +33,7 @@ ENTRY_POINT_GROUP = "tidegate.policies"
 class StrictParams(BaseModel):
     """Base for every kind's ``Params``: unknown keys are errors, values are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from pydantic import Field
 
 from controller.core.model import Recommendation
 from controller.core.reasons import Reason
+from controller.core.spec import MAX_REPLICAS, MAX_WINDOW_S
 from policies.base import PolicyContext, PolicyKind, StrictParams
 from policies.target_utilization import ceil_replicas
 
@@ -170,32 +171,32 @@ class Forecast(PolicyKind):
 
     class Params(StrictParams):
         lead_time_s: float = Field(
-            480, ge=0,
+            480, ge=0, le=MAX_WINDOW_S,
             description="How far ahead to size the fleet, seconds: node provisioning plus cold "
                         "start of the slowest pool the policy bursts to (e.g. 300 + 180).",
         )
         trend_window_s: float = Field(
-            600, gt=0,
+            600, gt=0, le=MAX_WINDOW_S,
             description="Window of the least-squares trend, seconds; only a rising trend is "
                         "extrapolated.",
         )
         burst_hold_s: float | None = Field(
-            None, ge=0,
+            None, ge=0, le=MAX_WINDOW_S,
             description="Hold a past peak in full for this long, seconds, then fade it linearly "
                         "to nothing at burst_window_s (null: hold it for the whole window).",
         )
         burst_window_s: float = Field(
-            900, ge=0,
+            900, ge=0, le=MAX_WINDOW_S,
             description="Keep capacity for the highest rate seen within this window, seconds "
                         "(recurring spikes; also a scale-down delay sized to the lead time).",
         )
         history_s: float = Field(
-            1800, gt=0,
+            1800, gt=0, le=MAX_WINDOW_S,
             description="How much history the state keeps, seconds (the larger window if that is "
                         "longer).",
         )
         headroom: float = Field(
-            1.0, ge=1,
+            1.0, ge=1, le=100,
             description="Multiplier on the forecast rate for what a one-minute rate hides "
                         "(sub-minute bursts, queueing within the TTFT target).",
         )
@@ -205,7 +206,7 @@ class Forecast(PolicyKind):
                         "model's capacity profile).",
         )
         max_replicas: int | None = Field(
-            None, ge=1,
+            None, ge=1, le=MAX_REPLICAS,
             description="Never ask for more than this many replicas (null: no cap). A second "
                         "forecast rule with a long burst window capped at the cheap (on-prem) "
                         "capacity keeps that capacity warm between spikes hours apart without "

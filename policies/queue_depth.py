@@ -17,6 +17,7 @@ from pydantic import Field
 
 from controller.core.model import Recommendation
 from controller.core.reasons import Reason
+from controller.core.spec import MAX_SIGNAL_VALUE
 from policies.base import PolicyContext, PolicyKind, StrictParams
 from policies.target_utilization import ABOVE_REASON, SignalName, ceil_replicas, read_signal
 
@@ -34,12 +35,12 @@ class QueueDepth(PolicyKind):
                         "queue_depth, requests waiting).",
         )
         target_per_replica: float = Field(
-            gt=0,
+            gt=0, le=MAX_SIGNAL_VALUE,
             description="Value of the signal one replica should carry (KEDA's threshold), in the "
                         "signal's unit, e.g. 4 waiting requests per replica.",
         )
         activation_threshold: float = Field(
-            0, ge=0,
+            0, ge=0, le=MAX_SIGNAL_VALUE,
             description="At or below this value the scaler is inactive and recommends 0 replicas "
                         "(KEDA's activationThreshold); the policy's min_replicas still applies.",
         )

@@ -21,6 +21,7 @@ from pydantic import Field, field_validator
 
 from controller.core.model import Opinion, Recommendation
 from controller.core.reasons import Reason
+from controller.core.spec import MAX_REPLICAS, MAX_WINDOW_S
 from policies.base import PolicyContext, PolicyKind, StrictParams
 from policies.cron import CronError, CronExpr, parse_cron
 
@@ -42,8 +43,8 @@ class Window(StrictParams):
                     "day-of-week), e.g. '0 8 * * 1-5' for 08:00 on weekdays; names (mon, jan), "
                     "lists, ranges, steps and @daily-style macros are accepted.",
     )
-    duration_s: float = Field(gt=0, description="How long the window stays open after each opening, seconds.")
-    min_replicas: int = Field(ge=0, description="Replica floor (total across pools) while the window is open.")
+    duration_s: float = Field(gt=0, le=MAX_WINDOW_S, description="How long the window stays open after each opening, seconds.")
+    min_replicas: int = Field(ge=0, le=MAX_REPLICAS, description="Replica floor (total across pools) while the window is open.")
     timezone: str = Field("UTC", description="IANA time zone whose wall clock the cron expression follows, e.g. Europe/Paris.")
 
     @field_validator("cron")

@@ -45,6 +45,7 @@ from pydantic import Field
 
 from controller.core.model import Recommendation
 from controller.core.reasons import Reason
+from controller.core.spec import MAX_LATENCY_MS, MAX_SIGNAL_VALUE
 from policies.base import PolicyContext, PolicyKind, StrictParams
 from policies.target_utilization import (
     ceil_replicas,
@@ -83,12 +84,12 @@ class SloGuard(PolicyKind):
 
     class Params(StrictParams):
         p99_latency_ms: float | None = Field(
-            None, gt=0,
+            None, gt=0, le=MAX_LATENCY_MS,
             description="Target p99 latency, milliseconds; overrides the policy's "
                         "slo.p99_latency_ms. Unset in both: the latency signal is off.",
         )
         queue_depth_per_replica: float | None = Field(
-            None, gt=0,
+            None, gt=0, le=MAX_SIGNAL_VALUE,
             description="Target waiting requests per ready replica; overrides the policy's "
                         "slo.queue_depth_per_replica. Unset in both: the queue signal is off.",
         )

@@ -19,6 +19,7 @@ from pydantic import Field
 
 from controller.core.model import Recommendation
 from controller.core.reasons import Reason
+from controller.core.spec import MAX_SIGNAL_VALUE
 from policies.base import PolicyContext, PolicyKind, StrictParams
 
 SignalName = Literal[
@@ -107,7 +108,7 @@ class TargetUtilization(PolicyKind):
             description="Which observed signal to track (a ModelSignals sample name).",
         )
         target: float = Field(
-            gt=0,
+            gt=0, le=MAX_SIGNAL_VALUE,
             description="Target value of the signal per replica, in the signal's unit "
                         "(e.g. 70 for gpu_utilization_pct in percent).",
         )

@@ -28,32 +28,90 @@ import hashlib
 import os
 import socket
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping
 
 import psycopg
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from controller.protocols import LeaderElector
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+"""Where a pod finds its own namespace (the Lease's default namespace)."""
 
 
-
-@runtime_checkable
-class LeaderElector(Protocol):
-    identity: str
-
-    def try_acquire(self) -> bool:
-        """Become (or stay) leader if possible; ``True`` while this instance may actuate."""
-        ...
-
-    def is_leader(self) -> bool:
-        """Whether this instance holds leadership now (checked, not remembered)."""
-        ...
-
-    def release(self) -> None:
-        """Give leadership up (on shutdown) so a follower takes over without waiting."""
-        ...
+def default_identity(environ: Mapping[str, str] | None = None) -> str:
+    """``$POD_NAME`` when set (the chart sets it from the pod's name), else ``host/pid``: unique per
+    process, readable in the lease and in ``pg_stat_activity``."""
+    env = os.environ if environ is None else environ
+    return env.get("POD_NAME") or f"{socket.gethostname()}/{os.getpid()}"
 
 
-def default_identity() -> str:
-    """``host/pid``: unique per process, readable in the lease and in ``pg_stat_activity``."""
-    return f"{socket.gethostname()}/{os.getpid()}"
+class LeaderElectionSettings(BaseModel):
+    """The ``leader_election`` section of the daemon config: when several daemons run, only the
+    leader observes, decides and acts; the others stand by (ready) and take over when it goes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["lease", "database", "none"] | None = Field(None, description="lease: a coordination.k8s.io/v1 Lease (taken over after lease_duration_s without renewal; works with any database, and is what the Helm chart sets whenever replicaCount > 1); database: a session advisory lock on the decision log's PostgreSQL database (freed by the server the moment the leader's session ends; PostgreSQL only); none: every daemon acts (run one replica only). Unset: database when database.url is PostgreSQL, else none.")
+    name: str = Field("tidegate-leader", min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", description="Election name: the Lease's name (backend lease; the Helm chart's Role allows exactly this name) or the advisory lock's key (backend database). Daemons with the same name in one namespace or database elect one leader.")
+    identity: str | None = Field(None, description="This daemon's identity in the election. Unset: $POD_NAME when set (the chart sets it), else host/pid.")
+    lease_namespace: str | None = Field(None, description="Namespace of the Lease. Unset: the pod's own namespace (its service account's), else default. The Helm chart sets the release namespace.")
+    lease_duration_s: int = Field(15, ge=1, description="A Lease not renewed for this long may be taken over by another daemon, and its holder stops acting, seconds (client-go's leaseDuration).")
+    retry_period_s: float = Field(2.0, gt=0, description="Least wall time between two Lease requests of one daemon (renewal by the leader, takeover attempts by the others), seconds (client-go's retryPeriod); ticks in between reuse the last answer. A follower takes over at its first tick once lease_duration_s has passed since the leader's last renewal (later by up to retry_period_s).")
+    connect_timeout_s: float = Field(3.0, gt=0, description="Timeout of the advisory lock's own PostgreSQL connection, seconds.")
+
+    @model_validator(mode="after")
+    def _renew_within_the_lease(self) -> "LeaderElectionSettings":
+        if self.retry_period_s * 2 > self.lease_duration_s:
+            raise ValueError(f"retry_period_s ({self.retry_period_s:g}) must be at most half of lease_duration_s "
+                             f"({self.lease_duration_s}), or the leader's renewals come too late to keep the Lease")
+        return self
+
+    def problem_with(self, database_url: str) -> str | None:
+        """Why these settings cannot run on this database (``None``: they can)."""
+        if self.resolved_backend(database_url) == "database" and not is_postgres_url(database_url):
+            return (f"leader_election.backend is database but database.url ({database_url!r}) is not PostgreSQL; "
+                    "use backend lease (any database) or a PostgreSQL database")
+        return None
+
+    def resolved_backend(self, database_url: str) -> str:
+        if self.backend is not None:
+            return self.backend
+        return "database" if is_postgres_url(database_url) else "none"
+
+    def namespace(self) -> str:
+        if self.lease_namespace:
+            return self.lease_namespace
+        try:
+            return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
+        except OSError:
+            return "default"
+
+
+def is_postgres_url(url: str) -> bool:
+    return url.startswith(("postgresql", "postgres"))
+
+
+def build_elector(settings: LeaderElectionSettings, *, database_url: str, api_client: Callable[[], Any],
+                  clock: Any = None, environ: Mapping[str, str] | None = None) -> LeaderElector | None:
+    """The elector ``settings`` ask for (``None`` for backend none). ``api_client`` builds the
+    Kubernetes client (called for backend lease only); ``clock`` is the Lease's clock: the wall
+    clock unless a test drives one (never the demo's accelerated clock: the Lease's times are
+    compared across processes)."""
+    backend = settings.resolved_backend(database_url)
+    identity = settings.identity or default_identity(environ)
+    if backend == "none":
+        return None
+    if backend == "database":
+        problem = settings.problem_with(database_url)
+        if problem:
+            raise ValueError(problem)
+        return PostgresAdvisoryLock(database_url, name=settings.name, identity=identity,
+                                    connect_timeout_s=settings.connect_timeout_s)
+    return KubernetesLeaseElector(api_client(), namespace=settings.namespace(), name=settings.name,
+                                  identity=identity, lease_duration_s=settings.lease_duration_s,
+                                  retry_period_s=settings.retry_period_s, clock=clock)
 
 
 def lock_key(name: str) -> int:
@@ -90,6 +148,8 @@ class PostgresAdvisoryLock:
         self._connect = connect
         self._conn: Any = None
         self.last_error: str | None = None
+        self.check_error: str | None = None
+        """Why the last ``try_acquire`` could not reach the server (``None``: it could)."""
 
     # The key as pg_locks shows a bigint advisory lock: classid = high 32 bits, objid = low 32.
     @property
@@ -149,12 +209,15 @@ class PostgresAdvisoryLock:
             try:
                 conn = self._connection()
                 if self._holds(conn):
+                    self.check_error = None
                     return True  # no second lock: session locks stack and would need two unlocks
                 row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()
+                self.check_error = None
                 return bool(row and row[0])
             except psycopg.Error as e:
                 self._drop(e)
                 if not reused or attempt:
+                    self.check_error = self.last_error
                     return False
         return False
 
@@ -194,8 +257,8 @@ class KubernetesLeaseElector:
     built on ``api_client``; writes are replaces carrying the read ``resourceVersion``."""
 
     def __init__(self, api_client: Any, *, namespace: str, name: str = "tidegate-leader",
-                 identity: str | None = None, lease_duration_s: int = 15, clock: Any = None,
-                 request_timeout_s: float = 5.0) -> None:
+                 identity: str | None = None, lease_duration_s: int = 15, retry_period_s: float = 0.0,
+                 clock: Any = None, request_timeout_s: float = 5.0) -> None:
         from kubernetes import client as k8s
 
         self._k8s = k8s
@@ -206,8 +269,12 @@ class KubernetesLeaseElector:
         self.lease_duration_s = lease_duration_s
         self._clock = clock
         self.request_timeout_s = request_timeout_s
+        self.retry_period_s = retry_period_s
         self._renewed_at: datetime | None = None
+        self._tried_at: datetime | None = None
         self.last_error: str | None = None
+        self.check_error: str | None = None
+        """Why the last Lease request failed other than by losing a race (``None``: it was answered)."""
 
     def _now(self) -> datetime:
         return self._clock.now() if self._clock is not None else datetime.now(timezone.utc)
@@ -221,6 +288,11 @@ class KubernetesLeaseElector:
         from kubernetes.client.exceptions import ApiException
 
         now = self._now()
+        if self._tried_at is not None and self._tried_at <= now < self._tried_at + timedelta(seconds=self.retry_period_s):
+            # at most one round of Lease requests per retry period (ticks may come much faster:
+            # the demo's clock); in between, the last answer stands for as long as it is fresh
+            return self.is_leader()
+        self._tried_at = now
         try:
             try:
                 lease = self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=self.request_timeout_s)
@@ -232,6 +304,7 @@ class KubernetesLeaseElector:
                     spec=self._spec(now, acquire=now, transitions=0))
                 self.api.create_namespaced_lease(self.namespace, body, _request_timeout=self.request_timeout_s)
                 self._renewed_at = now
+                self.check_error = None
                 return True
             spec = lease.spec or self._k8s.V1LeaseSpec()
             holder = spec.holder_identity or ""
@@ -240,6 +313,7 @@ class KubernetesLeaseElector:
                 renew = renew.replace(tzinfo=timezone.utc)
             duration = spec.lease_duration_seconds or self.lease_duration_s
             expired = renew is None or now >= renew + timedelta(seconds=duration)
+            self.check_error = None
             if holder and holder != self.identity and not expired:
                 self._renewed_at = None
                 return False
@@ -255,9 +329,12 @@ class KubernetesLeaseElector:
             self.last_error = f"{e.status}: {e.reason}"
             # 409: someone else wrote the lease since we read it (a rival took it, or won the race
             # for it): step down now; the next try re-reads and renews if the lease is still ours.
+            # Any other status (403, 5xx) means the election cannot be checked.
+            self.check_error = None if e.status == 409 else self.last_error
             return self._lose()
         except Exception as e:  # network trouble: keep leading only while the last renewal is fresh
             self.last_error = f"{type(e).__name__}: {e}"
+            self.check_error = self.last_error
             return self.is_leader()
 
     def _lose(self) -> bool:
@@ -293,6 +370,6 @@ class KubernetesLeaseElector:
 
 
 __all__ = [
-    "KubernetesLeaseElector", "LeaderElector", "PostgresAdvisoryLock", "default_identity",
-    "libpq_dsn", "lock_key",
+    "KubernetesLeaseElector", "LeaderElectionSettings", "LeaderElector", "PostgresAdvisoryLock",
+    "build_elector", "default_identity", "is_postgres_url", "libpq_dsn", "lock_key",
 ]

@@ -7,7 +7,9 @@ operator writes one ``providers.settings`` section (``providers.type: real``); `
 validates and documents it (``tidegate config schema`` and the README table come from it, every
 field has a description and a unit, unknown keys are errors), and ``build_real_providers`` turns
 it into what the daemon takes: a metrics source, one provider per pool, a price source, the
-leadership check run before every tick, and the periodic jobs (the spot price refresh).
+and the periodic jobs (the spot price refresh). Leader election is the daemon config's own
+``leader_election`` section (``providers.leader``), built by ``controller.runtime`` for simulated
+and real providers alike.
 
 This module is imported by ``controller.config`` (the schema is part of the daemon config), so it
 imports only pydantic and the light adapter modules at the top; the Kubernetes, AWS, GCP and Triton
@@ -26,7 +28,6 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -43,10 +44,6 @@ if TYPE_CHECKING:  # annotations only: controller.config imports this module
     from providers.triton import TritonReplica
 
 logger = logging.getLogger("tidegate.providers.real")
-
-SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-"""Where a pod finds its own namespace (the Lease's default namespace)."""
-
 
 def _default(cls: type, name: str) -> Any:
     """The default of a settings dataclass field, so that the schema and the adapter agree."""
@@ -221,32 +218,6 @@ class CloudSection(_Strict):
                                  capacity_error_max_age_s=self.capacity_error_max_age_s)
 
 
-class LeaderSettings(_Strict):
-    """Leader election: when several daemons run, only the leader observes, decides and acts;
-    the others stand by (ready) and take over when it goes."""
-
-    backend: Literal["postgres", "lease", "none"] | None = Field(None, description="postgres: a session advisory lock on the decision log's PostgreSQL database (freed by the server the moment the leader's session ends); lease: a coordination.k8s.io/v1 Lease (taken over after lease_duration_s without renewal); none: every daemon acts (one replica only). Unset: postgres when database.url is PostgreSQL, else none (run several replicas on SQLite only with lease).")
-    name: str = Field("tidegate", min_length=1, description="Election name: daemons with the same name (and database or namespace) elect one leader.")
-    identity: str | None = Field(None, description="This daemon's identity in the election. Unset: host/pid (the pod name in a cluster).")
-    lease_namespace: str | None = Field(None, description="Namespace of the Lease. Unset: the pod's own namespace (service account), else default.")
-    lease_name: str | None = Field(None, description="Name of the Lease. Unset: `name` followed by -leader.")
-    lease_duration_s: int = Field(15, ge=1, description="A Lease not renewed for this long may be taken over, seconds; the leader renews every tick, so keep it above 2 x loop.interval_s.")
-    connect_timeout_s: float = Field(3.0, gt=0, description="Timeout of the advisory lock's own PostgreSQL connection, seconds.")
-
-    def resolved_backend(self, database_url: str) -> str:
-        if self.backend is not None:
-            return self.backend
-        return "postgres" if database_url.startswith(("postgresql", "postgres")) else "none"
-
-    def namespace(self) -> str:
-        if self.lease_namespace:
-            return self.lease_namespace
-        try:
-            return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
-        except OSError:
-            return "default"
-
-
 class RealSettings(_Strict):
     """``providers.settings`` when ``providers.type`` is ``real``."""
 
@@ -256,7 +227,6 @@ class RealSettings(_Strict):
     aws: AwsSection = Field(default_factory=AwsSection, description="AWS Auto Scaling groups, spot prices and the interruption queue.")
     gcp: GcpSection = Field(default_factory=GcpSection, description="GCP managed instance groups and spot list prices.")
     cloud: CloudSection = Field(default_factory=CloudSection, description="How long capacity failures keep a cloud pool unavailable.")
-    leader: LeaderSettings = Field(default_factory=LeaderSettings, description="Leader election between daemon replicas.")
 
     def cross_check(self, pools: Mapping[str, str], models: Mapping[str, Sequence[str]]) -> list[str]:
         """Problems with references to the daemon config's pools (name -> kind) and models
@@ -294,12 +264,8 @@ class RealProviderSet:
     metrics: "MetricsSource"
     pools: dict[str, "PoolProvider"]
     prices: "PriceSource"
-    is_leader: Callable[[], bool]
-    """Asked before every tick; it (re)acquires leadership, so it is re-checked each time."""
     jobs: list[Job] = field(default_factory=list)
     """Periodic work for ``Daemon.add_job`` (the spot price refresh)."""
-    elector: Any = None
-    """The ``providers.leader`` elector, or ``None`` for backend none."""
     spot_prices: Any = None
     """``providers.aws.AwsSpotPrices`` when an AWS spot pool names an instance type."""
     interruptions: Any = None
@@ -308,45 +274,13 @@ class RealProviderSet:
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
-        """Hand leadership over at once and close connections (on shutdown)."""
+        """Close connections (on shutdown)."""
         for close in reversed(self._closers):
             try:
                 close()
             except Exception:  # noqa: BLE001 - shutting down: one failed close must not skip the rest
                 logger.exception("closing a real provider failed")
         self._closers.clear()
-
-
-def _leadership_check(elector: Any) -> Callable[[], bool]:
-    def is_leader() -> bool:
-        try:
-            return bool(elector.try_acquire())
-        except Exception as e:  # noqa: BLE001 - a check that cannot be made means: do not act
-            logger.warning("leadership check failed; standing by: %s", e)
-            return False
-
-    return is_leader
-
-
-def build_elector(cfg: "DaemonConfig", settings: RealSettings, *, api_client: Any = None,
-                  clock: "Clock | None" = None) -> Any:
-    """The elector the settings ask for (``None`` for backend none)."""
-    ls = settings.leader
-    backend = ls.resolved_backend(cfg.database.url)
-    if backend == "none":
-        return None
-    from providers.leader import KubernetesLeaseElector, PostgresAdvisoryLock
-
-    if backend == "postgres":
-        if not cfg.database.url.startswith(("postgresql", "postgres")):
-            raise ValueError(f"leader.backend is postgres but database.url ({cfg.database.url!r}) is not PostgreSQL")
-        return PostgresAdvisoryLock(cfg.database.url, name=ls.name, identity=ls.identity,
-                                    connect_timeout_s=ls.connect_timeout_s)
-    if api_client is None:
-        api_client = settings.kubernetes.api_client()
-    return KubernetesLeaseElector(api_client, namespace=ls.namespace(), name=ls.lease_name or f"{ls.name}-leader",
-                                  identity=ls.identity, lease_duration_s=ls.lease_duration_s, clock=clock,
-                                  request_timeout_s=settings.kubernetes.request_timeout_s)
 
 
 def discover_triton_replicas(cluster: "KubernetesCluster", cfg: "DaemonConfig",
@@ -410,7 +344,7 @@ def build_real_providers(
     ``dry_run`` defaults to the config's. ``kube_api`` (a ``kubernetes.client.ApiClient``),
     ``aws_session`` (a ``boto3.Session``) and ``gcp_credentials`` replace what the settings would
     build, for callers that hold their own. Raises ``ValueError`` when the settings cannot run
-    (no Prometheus section, a postgres leader on SQLite)."""
+    (no Prometheus section, references to unknown pools or models)."""
     settings = getattr(cfg.providers, "settings", None)
     if not isinstance(settings, RealSettings):
         raise ValueError(f"build_real_providers needs providers.type real, got {getattr(cfg.providers, 'type', None)!r}")
@@ -457,21 +391,17 @@ def build_real_providers(
         out_closers.append(fallback.close)
         metrics = CombinedMetricsSource(prom, fallback)
 
-    elector = build_elector(cfg, settings, api_client=api, clock=clock)
-    if elector is not None:
-        out_closers.append(elector.release)  # last closer first: hand over before disconnecting
     jobs: list[Job] = []
     if real.spot_prices is not None:
         jobs.append((real.spot_prices.refresh_job(clock), settings.aws.spot_price_refresh_s, "aws-spot-prices"))
     return RealProviderSet(
         metrics=metrics, pools=real.pools, prices=real.prices,
-        is_leader=_leadership_check(elector) if elector is not None else (lambda: True),
-        jobs=jobs, elector=elector, spot_prices=real.spot_prices, interruptions=real.interruptions,
+        jobs=jobs, spot_prices=real.spot_prices, interruptions=real.interruptions,
         api_client=api, _closers=out_closers)
 
 
 __all__ = [
-    "AwsSection", "CloudSection", "GcpSection", "Job", "KubernetesConnection", "LeaderSettings", "RealProviderSet",
-    "RealSettings", "RetrySettings", "TritonSettings", "build_elector", "build_real_providers",
+    "AwsSection", "CloudSection", "GcpSection", "Job", "KubernetesConnection", "RealProviderSet",
+    "RealSettings", "RetrySettings", "TritonSettings", "build_real_providers",
     "discover_triton_replicas",
 ]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
-from controller.core.model import ModelSpec, Override, OverrideKind
+from controller.core.model import ModelSpec, Override, OverrideKind, PoolSpec
 
 
 def _created_key(o: Override) -> tuple[Any, ...]:
@@ -114,6 +114,32 @@ class OverrideEffect:
 
 
 NO_OVERRIDES = OverrideEffect()
+
+
+def replica_cap(model: ModelSpec, pools: Mapping[str, PoolSpec], *, policy_max_replicas: int | None,
+                pool: str | None) -> tuple[int | None, str]:
+    """The most replicas an override of this scope may ask for, and what sets that limit.
+
+    One rule for both scopes, so a per-pool pin can never ask for more than a total pin could: the
+    policy's hard ``max_replicas`` caps both; a model-wide value is also capped by what the model's
+    pools hold together, one pool's value by that pool's capacity (``max_nodes`` x replicas per
+    node). ``(None, "")`` when nothing caps it (no policy loaded and no pool known).
+    """
+    caps: list[tuple[int, str]] = []
+    if policy_max_replicas is not None:
+        caps.append((policy_max_replicas, f"the policy's max_replicas ({policy_max_replicas}), a hard limit"))
+    if pool is not None:
+        if pool in pools:
+            held = pools[pool].max_replicas(model)
+            caps.append((held, f"what pool {pool} holds ({held}: max_nodes x replicas per node)"))
+    else:
+        known = [pools[p] for p in model.pools if p in pools]
+        if known:
+            held = sum(p.max_replicas(model) for p in known)
+            caps.append((held, f"what the model's pools hold together ({held})"))
+    if not caps:
+        return None, ""
+    return min(caps, key=lambda c: c[0])
 
 
 @dataclass(slots=True)

@@ -16,16 +16,35 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 API_VERSION = "tidegate/v1"
 
-NonNegFloat = Annotated[float, Field(ge=0)]
+# Upper bounds on the numbers a policy sets (the kinds' params use them too). Far above any real
+# fleet or SLO, low enough that a typo (`max_replicas: 1e12`) is an error at load instead of a
+# replica count sent to the cluster or a window no history can hold. NaN and infinity are refused
+# everywhere (``allow_inf_nan=False``).
+MAX_REPLICAS = 10_000
+"""Replicas of one model, total across pools (and a rate limit's replicas or percent)."""
+MAX_WINDOW_S = 7 * 24 * 3600
+"""Any window, delay or period, seconds: one week."""
+MAX_LATENCY_MS = 3_600_000
+"""Any latency target, milliseconds: one hour."""
+MAX_USD = 1_000_000
+"""Any cost ceiling, USD (per hour, or per million tokens)."""
+MAX_PRIORITY = 1_000_000
+"""``spec.priority``, either sign."""
+MAX_SIGNAL_VALUE = 1e9
+"""A target or threshold in a signal's own unit (waiting requests, tokens per second...)."""
+MAX_COUNT = 10_000
+"""Other counts: spot pools to spread over, interruptions within a window."""
+
+WindowS = Annotated[float, Field(ge=0, le=MAX_WINDOW_S)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Bounds(_Strict):
-    min_replicas: int = Field(1, ge=0, description="Fewest replicas (total across pools).")
-    max_replicas: int = Field(10, ge=0, description="Most replicas (total across pools); a hard limit overrides cannot exceed.")
+    min_replicas: int = Field(1, ge=0, le=MAX_REPLICAS, description=f"Fewest replicas (total across pools), at most {MAX_REPLICAS}.")
+    max_replicas: int = Field(10, ge=0, le=MAX_REPLICAS, description=f"Most replicas (total across pools), at most {MAX_REPLICAS}; a hard limit overrides cannot exceed.")
 
     @model_validator(mode="after")
     def _min_le_max(self) -> "Bounds":
@@ -37,10 +56,10 @@ class Bounds(_Strict):
 
 
 class SLO(_Strict):
-    p99_latency_ms: float | None = Field(None, gt=0, description="Target p99 end-to-end request latency, milliseconds.")
-    ttft_p99_ms: float | None = Field(None, gt=0, description="Target p99 time to first token, milliseconds (used by the simulator's attainment).")
-    tpot_ms: float | None = Field(None, gt=0, description="Target time per output token, milliseconds (simulator attainment).")
-    queue_depth_per_replica: float | None = Field(None, gt=0, description="Target waiting requests per ready replica.")
+    p99_latency_ms: float | None = Field(None, gt=0, le=MAX_LATENCY_MS, description=f"Target p99 end-to-end request latency, milliseconds (at most {MAX_LATENCY_MS}).")
+    ttft_p99_ms: float | None = Field(None, gt=0, le=MAX_LATENCY_MS, description=f"Target p99 time to first token, milliseconds (at most {MAX_LATENCY_MS}; used by the simulator's attainment).")
+    tpot_ms: float | None = Field(None, gt=0, le=MAX_LATENCY_MS, description=f"Target time per output token, milliseconds (at most {MAX_LATENCY_MS}; simulator attainment).")
+    queue_depth_per_replica: float | None = Field(None, gt=0, le=MAX_SIGNAL_VALUE, description=f"Target waiting requests per ready replica (at most {MAX_SIGNAL_VALUE:.0f}).")
 
 
 class RuleSpec(_Strict):
@@ -58,15 +77,15 @@ class RateLimit(_Strict):
     """HPA ``HPAScalingPolicy``: at most ``value`` replicas (or percent of current) per ``period_s``."""
 
     type: RateLimitType = Field(description="replicas or percent.")
-    value: int = Field(gt=0, description="Replicas, or percent of the replicas at the start of the period.")
+    value: int = Field(gt=0, le=MAX_REPLICAS, description=f"Replicas, or percent of the replicas at the start of the period (at most {MAX_REPLICAS}).")
     period_s: float = Field(gt=0, le=1800, description="Length of the period, seconds.")
 
 
 class ScalingRules(_Strict):
-    stabilization_s: NonNegFloat = Field(0, description="Stabilization window, seconds: scale-up takes the min, scale-down the max, of the recommendations in the window.")
+    stabilization_s: WindowS = Field(0, description=f"Stabilization window, seconds (at most {MAX_WINDOW_S}): scale-up takes the min, scale-down the max, of the recommendations in the window.")
     policies: tuple[RateLimit, ...] = Field((), description="Rate limits (HPA semantics). Empty: no limit.")
     select: Literal["max", "min", "disabled"] = Field("max", description="Which rate limit applies when several do: the most permissive (max), the strictest (min), or none may scale (disabled).")
-    cooldown_s: NonNegFloat = Field(0, description="Minimum seconds since the last scaling event in this direction before another.")
+    cooldown_s: WindowS = Field(0, description=f"Minimum seconds since the last scaling event in this direction before another (at most {MAX_WINDOW_S}).")
 
 
 def _default_up() -> ScalingRules:
@@ -94,16 +113,16 @@ class Behavior(_Strict):
 
 class Placement(_Strict):
     pools: tuple[str, ...] | None = Field(None, description="Pools this policy may use (default: every pool the model has a Deployment in).")
-    spot_spread_min_pools: int = Field(2, ge=1, description="When more than one replica bursts to spot, spread them over at least this many spot pools (when that many are available).")
+    spot_spread_min_pools: int = Field(2, ge=1, le=MAX_COUNT, description=f"When more than one replica bursts to spot, spread them over at least this many spot pools (when that many are available; at most {MAX_COUNT}).")
     allow_on_demand: bool = Field(True, description="Use on-demand pools as the fallback when on-prem and spot cannot hold the total.")
-    unavailable_after_unready_s: NonNegFloat = Field(300, description="A pool whose new replicas stay unready this long is marked unavailable (providers apply it).")
-    max_recent_interruptions: int = Field(3, ge=0, description="A spot pool with more interruptions than this within interruption_window_s is treated as unavailable.")
-    interruption_window_s: NonNegFloat = Field(3600, description="Window for counting recent interruptions, seconds.")
+    unavailable_after_unready_s: WindowS = Field(300, description=f"A pool whose new replicas stay unready this long, seconds (at most {MAX_WINDOW_S}), is marked unavailable (providers apply it).")
+    max_recent_interruptions: int = Field(3, ge=0, le=MAX_COUNT, description=f"A spot pool with more interruptions than this (at most {MAX_COUNT}) within interruption_window_s is treated as unavailable.")
+    interruption_window_s: WindowS = Field(3600, description=f"Window for counting recent interruptions, seconds (at most {MAX_WINDOW_S}).")
 
 
 class Budget(_Strict):
-    max_cost_per_hour_usd: float | None = Field(None, gt=0, description="Hard ceiling on the placement's cost per hour, all pools (on-prem at its amortized price).")
-    max_cost_per_million_tokens_usd: float | None = Field(None, gt=0, description="Ceiling on cost per million output tokens at the observed token rate: limits scale-out, never pushes below min_replicas; ignored while the token rate is unknown or zero.")
+    max_cost_per_hour_usd: float | None = Field(None, gt=0, le=MAX_USD, description=f"Hard ceiling on the placement's cost per hour, all pools (on-prem at its amortized price), at most {MAX_USD}.")
+    max_cost_per_million_tokens_usd: float | None = Field(None, gt=0, le=MAX_USD, description=f"Ceiling (at most {MAX_USD}) on cost per million output tokens at the observed token rate: limits scale-out, never pushes below min_replicas; ignored while the token rate is unknown or zero.")
 
 
 class OnMissing(str, enum.Enum):
@@ -115,12 +134,12 @@ class OnMissing(str, enum.Enum):
 
 class MissingData(_Strict):
     on_missing: OnMissing = Field(OnMissing.HOLD, description="What to do when a rule's inputs are missing or stale.")
-    max_signal_age_s: float = Field(60, gt=0, description="Samples older than this count as missing, seconds.")
+    max_signal_age_s: float = Field(60, gt=0, le=MAX_WINDOW_S, description=f"Samples older than this count as missing, seconds (at most {MAX_WINDOW_S}).")
 
 
 class PolicySpec(_Strict):
     model: str = Field(description="The model (bundle name in the daemon config) this policy scales.")
-    priority: int = Field(0, description="When several files set behaviour for one model, the highest priority wins (ties are an error).")
+    priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY, description=f"When several files set behaviour for one model, the highest priority wins (ties are an error); within +-{MAX_PRIORITY}.")
     bounds: Bounds = Field(default_factory=Bounds, description="Replica bounds, total across pools.")
     slo: SLO = Field(default_factory=SLO, description="SLO targets the rules aim at.")
     rules: tuple[RuleSpec, ...] = Field(default=(RuleSpec(kind="slo-guard"),), min_length=1, description="Policy kinds and their params; the max of their recommendations wins.")

@@ -28,6 +28,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 __all__ = [
     "Base",
+    "INTEGER_MAX",
     "UTCDateTime",
     "JSONType",
     "OUTCOMES",
@@ -47,6 +48,11 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+
+INTEGER_MAX = 2**31 - 1
+"""Largest value every ``sa.Integer`` column holds on every backend: PostgreSQL's ``integer`` is
+32-bit signed (SQLite's holds 64 bits). Ids and counts that reach the database through the API are
+bounded by it, so an oversized number is a 422, never a database error."""
 
 OUTCOMES = ("pending", "applied", "partial", "failed", "skipped", "dry-run")
 """What happened to a decision: ``pending`` until its actions are recorded; ``applied`` (every

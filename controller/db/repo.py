@@ -142,6 +142,11 @@ class Repository:
     def engine(self) -> Engine:
         return self._engine
 
+    def ping(self) -> None:
+        """One round trip (``SELECT 1``); raises when the database cannot be reached."""
+        with self.engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+
     def close(self) -> None:
         """Release the connections (only of an engine the repository made)."""
         if self._owns_engine:
@@ -344,10 +349,21 @@ class Repository:
         actions = [codec.action_from_json(a) for a in record["actions"]]
         return decision, codec.signals_from_json(record["signals"]), actions
 
-    def all_decisions(self, model: str | None = None) -> Iterator[dict[str, Any]]:
+    def all_decisions(self, model: str | None = None, limit: int | None = None) -> Iterator[dict[str, Any]]:
         """Every decision in full (as :meth:`get_decision`), oldest first, fetched in batches; no
-        session stays open between batches, so abandoning the iterator leaks nothing."""
+        session stays open between batches, so abandoning the iterator leaks nothing. With
+        ``limit``: only the newest ``limit`` decisions (still oldest first), and only those are read."""
         after_id = 0
+        if limit is not None:
+            if limit < 1:
+                raise ValueError(f"limit must be at least 1, got {limit}")
+            # the oldest id among the newest `limit`: the batches below start there
+            first = sa.select(DecisionRow.id).order_by(DecisionRow.id.desc()).offset(limit - 1).limit(1)
+            if model is not None:
+                first = first.where(DecisionRow.model == model)
+            with self._read_lock, self._sessions() as s:
+                first_id = s.scalars(first).one_or_none()
+            after_id = 0 if first_id is None else first_id - 1
         while True:
             q = (
                 sa.select(DecisionRow)

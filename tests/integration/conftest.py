@@ -27,6 +27,18 @@ if TYPE_CHECKING:
     from tests.integration.gcp_server import GcpComputeServer
     from tests.integration.peers import AwsPeer, KubePeer
 
+# --- test outcomes for fixtures ----------------------------------------------------------------
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """Keep each phase's report on the item (``item.rep_call``), so a fixture's teardown can tell
+    whether the test itself passed."""
+    report: pytest.TestReport = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
 # --- databases ---------------------------------------------------------------------------------
 
 PG_DSN = os.environ.get("TIDEGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 user=postgres connect_timeout=3")

@@ -4,6 +4,7 @@ on a manual clock, for tests that drive ticks themselves instead of waiting on a
 from __future__ import annotations
 
 import textwrap
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -96,6 +97,21 @@ def build_harness(tmp_path: Path, *, db_url: str | None = None, policy: str = DE
                     price_source=sim.prices, repo=repo, registry=Registry.from_entry_points())
     daemon.reload_policies()
     return Harness(daemon=daemon, clock=clock, repo=repo, sim=sim, config=cfg, policies_dir=policies_dir)
+
+
+@contextmanager
+def serving(h: Harness, tokens: dict[str, str]) -> Iterator[str]:
+    """``h``'s daemon behind its admin API on a real uvicorn on 127.0.0.1 (a free port); yields the
+    base URL. ``tokens``: the environment the tokens come from (``TIDEGATE_ADMIN_TOKENS``...)."""
+    from controller.auth import TokenAuth
+    from controller.runtime import Runtime
+
+    rt = Runtime(daemon=h.daemon, auth=TokenAuth.from_config(h.config.api, tokens))
+    rt.serve_api("127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{rt.api_port}"
+    finally:
+        rt.stop()
 
 
 @pytest.fixture

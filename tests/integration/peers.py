@@ -57,12 +57,25 @@ class KubeFault:
     before: Callable[["TidegateKubernetes"], None] | None = None
 
 
+TEST_TOKEN = "tidegate-tests"
+"""Bearer token of the clients the tests themselves use (``KubePeer.api_client``): the
+controllers, the test's reads and writes. A request without it came from the daemon's own client
+(built from its config), so the request log tells the two apart as the API server's authenticator
+would."""
+
+
 @dataclass(frozen=True)
 class KubeRequest:
     method: str
     path: str
     query: str
     subresource: str | None
+    token: str | None = None
+    """The bearer token the request carried (``TEST_TOKEN`` for the tests' own clients)."""
+
+    @property
+    def by_test(self) -> bool:
+        return self.token == TEST_TOKEN
 
     @property
     def is_write(self) -> bool:
@@ -92,8 +105,10 @@ class TidegateKubernetes(kmock.KubernetesEmulator):
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
         method = str(request.method.value if hasattr(request.method, "value") else request.method).upper()
         path = request.url.path
+        auth = next((v for k, v in request.headers.items() if k.lower() == "authorization"), "")
+        token = auth[len("Bearer "):] if auth.startswith("Bearer ") else None
         with self.lock:
-            self.log.append(KubeRequest(method, path, request.url.query_string, request.subresource))
+            self.log.append(KubeRequest(method, path, request.url.query_string, request.subresource, token))
         # kmock matches each request against its reactions by scanning its whole request history,
         # which makes a long-lived server quadratic; our own ``log`` is the history, so keep only
         # the request being served (``__call__`` appended it before calling us).
@@ -255,7 +270,9 @@ class KubePeer:
         return self.emulator
 
     def api_client(self) -> k8s.ApiClient:
-        cfg = k8s.Configuration(host=self.url)
+        """A client for the test's own requests: it authenticates with ``TEST_TOKEN``."""
+        cfg = k8s.Configuration(host=self.url, api_key={"authorization": TEST_TOKEN},
+                                api_key_prefix={"authorization": "Bearer"})
         return k8s.ApiClient(cfg)
 
     def fault(self, method: str, path: str, status: int | None = None, *, times: int = 1,

@@ -9,9 +9,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from controller.auth import TokenAuth
-from controller.runtime import Runtime
-from tests.integration.daemon_harness import Harness, build_harness
+from tests.integration.daemon_harness import Harness, build_harness, serving
 
 ADMIN = "s3cret-admin"
 VIEWER = "s3cret-viewer"
@@ -21,15 +19,9 @@ MODEL = "llama3-70b-fp8"
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[Harness, httpx.Client]]:
     h = build_harness(tmp_path)
-    auth = TokenAuth.from_config(h.config.api, {"TIDEGATE_ADMIN_TOKENS": f"alice:{ADMIN}",
-                                                "TIDEGATE_VIEWER_TOKENS": f"victor:{VIEWER}"})
-    rt = Runtime(daemon=h.daemon, auth=auth)
-    rt.serve_api("127.0.0.1", 0)
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{rt.api_port}", timeout=10) as client:
+    with serving(h, {"TIDEGATE_ADMIN_TOKENS": f"alice:{ADMIN}", "TIDEGATE_VIEWER_TOKENS": f"victor:{VIEWER}"}) as url:
+        with httpx.Client(base_url=url, timeout=10) as client:
             yield h, client
-    finally:
-        rt.stop()
 
 
 def _h(token: str) -> dict[str, str]:
@@ -83,7 +75,7 @@ def test_422_names_the_bad_field(served: tuple[Harness, httpx.Client], body, fie
     r = c.post("/v1/overrides", headers=_h(ADMIN), json=body)
     assert r.status_code == 422, r.text
     if field is not None:
-        assert any(field in [str(x) for x in e["loc"]] for e in r.json()["detail"]), r.json()
+        assert any(field in [str(x) for x in e["loc"]] for e in r.json()["errors"]), r.json()
 
 
 def test_pin_with_ttl_applies_then_expires_by_itself(served: tuple[Harness, httpx.Client]) -> None:

@@ -131,8 +131,15 @@ def test_no_actuation_before_a_complete_observation(make_harness, tmp_path: Path
     model = h.daemon.models["llama3-70b-fp8"]
     # nothing was scaled: the healthy pools still hold what they started with
     assert h.sim.pools["onprem-h100"].state(model, h.clock.now()).replicas == initial_onprem
-    ready, _ = h.daemon.readiness()
+    ready, info = h.daemon.readiness()
     assert not ready
+    # why: the pool that could not be read, with its last error and when (daemon clock)
+    assert info["reasons"] == ["not observed yet: llama3-70b-fp8"], info["reasons"]
+    failing = info["providers"]["pool/gcp-spot-a3"]
+    assert not failing["ok"] and "403 forbidden" in failing["last_error"]
+    assert failing["last_error_at"] == h.clock.now().isoformat()
+    assert info["providers"]["pool/onprem-h100"] == {"ok": True, "last_error": None, "last_error_at": None}
+    assert info["providers"]["database"]["ok"]
 
 
 @pytest.mark.postgres

@@ -23,7 +23,13 @@ Shown, each on the decision log and on the peers' own request logs:
   all; the leader's lock session is terminated and the other takes over on its next tick;
 - dry-run: DRY_RUN rows and not one mutating request (the SQS queue is not even read);
 - the assembly: settings defaults agree with the adapters', cross-field errors, the spot price
-  job scheduled by ``daemon.start()``, Triton endpoint discovery from pods.
+  job scheduled by ``daemon.start()``, Triton endpoint discovery from pods;
+- RBAC: every request the daemon's own client made to kmock in a test (the test's clients carry a
+  token of their own), read as the API server's authorizer reads it (``tests.rbac``), is in the
+  committed record ``tests/integration/daemon_kube_calls.yaml``, and each call the record names a
+  test for was made by that test (checked when it passes). ``test_deploy.py`` holds the chart's
+  Roles to the same record, so a new call fails here until it is recorded and there until the Role
+  grants it.
 """
 
 from __future__ import annotations
@@ -53,13 +59,14 @@ from providers.cloudpool import CloudPoolProvider, CloudPoolSettings
 from providers.clock import ManualClock
 from providers.gcp import CALL_DELETE_INSTANCES, CALL_RESIZE, GcpSettings
 from providers.kubernetes import CALL_DELETION_COST, CALL_SCALE, KubernetesCluster, KubernetesSettings
-from providers.leader import libpq_dsn
+from providers.leader import LeaderElectionSettings, build_elector, libpq_dsn
 from providers.real import RealSettings, build_real_providers, discover_triton_replicas
 from tests.integration.gcp_server import GcpComputeServer
 from tests.integration.peers import (
-    AWS_REGION, AwsPeer, KubeControllers, KubePeer, asg_instances, aws_env, create_asg, scaling_activities,
-    spot_interruption_event, taint_node,
+    AWS_REGION, AwsPeer, KubeControllers, KubePeer, KubeRequest, asg_instances, aws_env, create_asg,
+    scaling_activities, spot_interruption_event, taint_node,
 )
+from tests.rbac import DAEMON_CALLS, Permission, load_daemon_calls, request_attributes, scope_of
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
 TICK_S = 30.0
@@ -118,6 +125,8 @@ class Cluster:
         self.load = ScriptedLoad()
         tag = uuid.uuid4().hex[:6]
         self.ns = f"d-{tag}"
+        self.home_ns = f"tidegate-{tag}"
+        """The daemon's own namespace (where its Lease lives), apart from the managed one."""
         self.api = kube.api_client()
         self.ctl = KubeControllers(self.api)
         self.core = k8s.CoreV1Api(self.api)
@@ -160,8 +169,8 @@ class Cluster:
                 "aws": {"endpoint_url": aws.url, "retry": FAST_RETRY, "interruption_queue_url": self.queue_url,
                         "queue_poll_interval_s": 0},
                 "gcp": {"api_endpoint": gcp.url, "credentials": "anonymous", "retry": FAST_RETRY},
-                "leader": {},
             }},
+            "leader_election": {},
             "pools": [pool("onprem", "onprem", 8, 1, 9.0, 0), pool("aws-spot", "aws-spot", 4, 2, 4.0, 180),
                       pool("gcp-spot", "gcp-spot", 4, 2, 5.0, 120), pool("aws-od", "aws-ondemand", 4, 2, 12.0, 180)],
             "models": [{"name": "llama", "tp_degree": 2, "quantization": "fp8", "gpu_types": ["A100-80GB"],
@@ -173,12 +182,13 @@ class Cluster:
 
     def config(self, **leader: Any) -> DaemonConfig:
         raw = json.loads(json.dumps(self.raw))
-        raw["providers"]["settings"]["leader"].update(leader)
+        raw["leader_election"].update(leader)
         return DaemonConfig.model_validate(raw)
 
     def runtime(self, *, dry_run: bool | None = None, **leader: Any) -> Runtime:
         """The daemon as ``tidegate run`` builds it, with the scripted load as its metrics source."""
-        rt = build_runtime(self.config(**leader), clock=self.clock, dry_run=dry_run, environ={})
+        rt = build_runtime(self.config(**leader), clock=self.clock, dry_run=dry_run, environ={},
+                           election_clock=self.clock)
         self.runtimes.append(rt)
         rt.daemon.metrics_source = self.load
         rt.daemon.reload_policies()
@@ -279,9 +289,35 @@ class Tick:
         return next(s for s in self.record["trace"] if s["name"] == name)
 
 
+def daemon_permissions(requests: Sequence[KubeRequest], clusters: Sequence[Cluster]) -> set[Permission]:
+    """The permissions the daemon's own requests needed (the tests' requests carry their token)."""
+    used = set()
+    for r in requests:
+        attrs = None if r.by_test else request_attributes(r.method, r.path, r.query)
+        if attrs is not None:
+            scope = scope_of(attrs, managed=[c.ns for c in clusters], release=[c.home_ns for c in clusters])
+            used.add(Permission(scope, attrs.group, attrs.resource, attrs.verb))
+    return used
+
+
+def check_daemon_permissions(used: set[Permission], test: str, passed: bool) -> None:
+    recorded = load_daemon_calls()
+    unrecorded = sorted(map(str, used - set(recorded)))
+    assert not unrecorded, (
+        f"{test}: the daemon called the Kubernetes API with {unrecorded}, which {DAEMON_CALLS.name} does not "
+        f"record: add each to {DAEMON_CALLS} and grant it in deploy/helm/tidegate/templates/rbac.yaml")
+    if passed:  # a test that stopped early may not have reached its calls
+        unmade = sorted(str(p) for p, witness in recorded.items() if witness == test and p not in used)
+        assert not unmade, (
+            f"{test}: {DAEMON_CALLS.name} says this test makes {unmade}, and it did not: drop them from the "
+            "record and from the chart's Roles, or name the test that makes them")
+
+
 @pytest.fixture
-def cluster_factory(aws: AwsPeer, gcp: GcpComputeServer, kube: KubePeer, tmp_path: Path) -> Iterator[Any]:
+def cluster_factory(aws: AwsPeer, gcp: GcpComputeServer, kube: KubePeer, tmp_path: Path,
+                    request: pytest.FixtureRequest) -> Iterator[Any]:
     made: list[Cluster] = []
+    mark = kube.mark()
 
     def make(**kw: Any) -> Cluster:
         c = Cluster(aws, gcp, kube, tmp_path, **kw)
@@ -291,6 +327,9 @@ def cluster_factory(aws: AwsPeer, gcp: GcpComputeServer, kube: KubePeer, tmp_pat
     yield make
     for c in made:
         c.close()
+    report = getattr(request.node, "rep_call", None)
+    check_daemon_permissions(daemon_permissions(kube.requests_since(mark), made), request.node.name,
+                             passed=report is not None and report.passed)
 
 
 def _steady_burst(c: Cluster, rt: Runtime) -> Tick:
@@ -517,8 +556,7 @@ def test_two_daemons_one_actuates_and_the_other_takes_over_when_the_leader_dies(
     election = f"t-{uuid.uuid4().hex}"
     a = c.runtime(name=election, identity="daemon-a")
     b = c.runtime(name=election, identity="daemon-b")
-    real_a, real_b = a.extras["real"], b.extras["real"]
-    assert type(real_a.elector).__name__ == "PostgresAdvisoryLock"  # the default on PostgreSQL
+    assert type(a.daemon.elector).__name__ == "PostgresAdvisoryLock"  # the default on PostgreSQL
     c.catch_up()
 
     leader_ticks = 0
@@ -550,7 +588,7 @@ def test_two_daemons_one_actuates_and_the_other_takes_over_when_the_leader_dies(
 
     # The leader dies: its lock session ends. The other daemon takes over on its very next tick,
     # rebuilds its history from the shared log, observes and acts (a burst to spot).
-    _terminate_session(pg_url, real_a.elector.backend_pid)
+    _terminate_session(pg_url, a.daemon.elector.backend_pid)  # type: ignore[union-attr]
     tb = c.tick(b, queue=8)
     assert tb.report.skipped is None
     leader_ticks += 1
@@ -573,17 +611,22 @@ def test_two_daemons_one_actuates_and_the_other_takes_over_when_the_leader_dies(
 
 def test_lease_leadership_is_wired_from_the_settings(cluster_factory: Any) -> None:
     c: Cluster = cluster_factory()
-    a, b = (build_real_providers(c.config(backend="lease", lease_namespace=c.ns, identity=who, lease_duration_s=15),
-                                 c.clock, kube_api=c.api) for who in ("daemon-a", "daemon-b"))
+    cfgs = [c.config(backend="lease", lease_namespace=c.home_ns, identity=who, lease_duration_s=15)
+            for who in ("daemon-a", "daemon-b")]
+    # each elector's client is built from the daemon config, so its calls count as the daemon's
+    a, b = (build_elector(cfg.leader_election, database_url="sqlite://",
+                          api_client=cfg.providers.settings.kubernetes.api_client, clock=c.clock)  # type: ignore[union-attr]
+            for cfg in cfgs)
+    assert a is not None and b is not None
     try:
-        assert a.is_leader() and not b.is_leader() and a.is_leader()
-        lease = k8s.CoordinationV1Api(c.api).read_namespaced_lease("tidegate-leader", c.ns)
+        assert a.try_acquire() and not b.try_acquire() and a.try_acquire()
+        lease = k8s.CoordinationV1Api(c.api).read_namespaced_lease("tidegate-leader", c.home_ns)
         assert (lease.spec.holder_identity, lease.spec.lease_duration_seconds) == ("daemon-a", 15)
         c.clock.advance(16)  # daemon-a stopped renewing (it died): the lease has run out
-        assert b.is_leader() and not a.is_leader()
+        assert b.try_acquire() and not a.try_acquire()
     finally:
-        a.close()
-        b.close()
+        a.release()
+        b.release()
 
 
 # --- (e) dry-run -------------------------------------------------------------------------------
@@ -623,8 +666,9 @@ def test_settings_defaults_are_the_adapters_defaults() -> None:
     assert s.aws.to_settings() == AwsSettings()
     assert s.gcp.to_settings() == GcpSettings()
     assert s.cloud.build() == CloudPoolSettings()
-    assert s.leader.resolved_backend("postgresql+psycopg://u@h/db") == "postgres"
-    assert s.leader.resolved_backend("sqlite:///x.db") == "none"
+    election = LeaderElectionSettings()
+    assert election.resolved_backend("postgresql+psycopg://u@h/db") == "database"
+    assert election.resolved_backend("sqlite:///x.db") == "none"
     assert s.kubernetes.use_in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
     assert not s.kubernetes.use_in_cluster({})
     extra = RealSettings.model_validate({"kubernetes": {"extra_interruption_taints": {"example.com/going": "interruption"}}})
@@ -696,7 +740,7 @@ def test_triton_endpoints_come_from_the_config_and_the_pods_of_each_pool(cluster
     raw["providers"]["settings"]["triton"] = {"replicas": {"llama": {"aws-od": ["10.9.9.9:8000"]}}, "discover": True,
                                               "port": 8001, "triton_models": {"llama": "ensemble"}}
     cfg = DaemonConfig.model_validate(raw)
-    real = build_real_providers(cfg, c.clock, kube_api=c.api)
+    real = build_real_providers(cfg, c.clock)
     try:
         assert type(real.metrics).__name__ == "CombinedMetricsSource"
     finally:
@@ -708,6 +752,8 @@ def test_triton_endpoints_come_from_the_config_and_the_pods_of_each_pool(cluster
     c.core.patch_namespaced_pod_status(pods[1].metadata.name, c.ns, {"status": {"podIP": "10.1.0.8", "phase": "Pending"}})
     settings = getattr(cfg.providers, "settings", None)
     assert isinstance(settings, RealSettings) and settings.triton is not None
-    replicas = discover_triton_replicas(KubernetesCluster(c.api, KubernetesSettings()), cfg, settings.triton)()
+    # the daemon's own client, as build_real_providers makes it from the settings
+    replicas = discover_triton_replicas(KubernetesCluster(settings.kubernetes.api_client(), KubernetesSettings()),
+                                        cfg, settings.triton)()
     assert sorted((r.url, r.pool, r.triton_model) for r in replicas["llama"]) == [
         ("10.1.0.7:8001", "onprem", "ensemble"), ("10.9.9.9:8000", "aws-od", "ensemble")]

@@ -44,6 +44,7 @@ from controller.config import DaemonConfig
 from controller.core.spec import ScalingPolicy
 from controller.metrics import DaemonMetrics
 from policies.base import Registry
+from tests.rbac import expected as rbac_expected, granted as rbac_granted, load_daemon_calls
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -128,7 +129,7 @@ ALL_ON_ARGS = [
     "--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
     "--set", "grafanaDashboard.enabled=true", "--set", "secrets.create=true",
     "--set", "secrets.adminTokens=a1", "--set", "secrets.viewerTokens=v1",
-    "--set", "secrets.databaseUrl=postgresql+psycopg://u@db/tidegate",
+    "--set", "secrets.databaseUrl=postgresql+psycopg://u@db/tidegate", "--set", "dcgmServiceMonitor.enabled=true",
 ]
 
 
@@ -177,10 +178,13 @@ def _validate(kv: Any, doc: dict[str, Any], where: str) -> None:
 
 def _check_crd(doc: dict[str, Any], docs: list[dict[str, Any]], where: str) -> None:
     """No schema ships for the Prometheus Operator CRDs, so check what matters: a ServiceMonitor
-    selects a Service of the same set and names one of its ports; a PrometheusRule carries the
-    rules file that promtool tests."""
+    selects a Service of the same set and names one of its ports (the DCGM exporter's, whose
+    Service is not ours, keeps the exporter's labels); a PrometheusRule carries the rules file that
+    promtool tests, scoped to the release (``helm template tg -n tidegate``)."""
     spec = doc["spec"]
-    if doc["kind"] == "ServiceMonitor":
+    if doc["kind"] == "ServiceMonitor" and doc["metadata"]["name"].endswith("-dcgm"):
+        assert all(ep["honorLabels"] is True and ep["path"] == "/metrics" for ep in spec["endpoints"]), where
+    elif doc["kind"] == "ServiceMonitor":
         services = [d for d in docs if d["kind"] == "Service"]
         selected = [s for s in services
                     if spec["selector"]["matchLabels"].items() <= s["metadata"].get("labels", {}).items()]
@@ -190,7 +194,7 @@ def _check_crd(doc: dict[str, Any], docs: list[dict[str, Any]], where: str) -> N
             assert ep["port"] in ports, f"{where}: ServiceMonitor port {ep['port']!r} not among {ports}"
             assert ep["path"] == "/metrics"
     else:
-        assert spec == yaml.safe_load(RULES.read_text()), f"{where}: PrometheusRule differs from {RULES}"
+        assert spec == _rules_for(namespace="tidegate", job="tg-tidegate"), f"{where}: PrometheusRule differs from {RULES}"
 
 
 def test_rendered_manifests_pass_kubernetes_validate(renders: dict[str, list[dict[str, Any]]], kube_validate: Any) -> None:
@@ -202,7 +206,7 @@ def test_rendered_manifests_pass_kubernetes_validate(renders: dict[str, list[dic
                 crds += 1
             else:
                 _validate(kube_validate, doc, f"helm template ({name})")
-    assert crds >= 4  # ServiceMonitor and PrometheusRule in the example and all-on renders
+    assert crds >= 5  # ServiceMonitor and PrometheusRule in the example and all-on renders, DCGM's in all-on
 
 
 def _plain_yaml_files() -> list[Path]:
@@ -314,7 +318,6 @@ def test_daemon_pod_is_hardened_and_probed(renders: dict[str, list[dict[str, Any
         assert mounts["/etc/tidegate/config.yaml"]["subPath"] == "config.yaml"
         assert {"/tmp", "/var/lib/tidegate"} <= set(mounts)
         env = {e["name"]: e for e in c["env"]}
-        assert env["TIDEGATE_LEADER_ELECTION"]["value"] == "true"
         if name != "default":
             for var in ("TIDEGATE_ADMIN_TOKENS", "TIDEGATE_VIEWER_TOKENS", "TIDEGATE_DATABASE_URL"):
                 assert env[var]["valueFrom"]["secretKeyRef"]["name"]
@@ -339,34 +342,54 @@ def test_policy_edits_do_not_restart_the_daemon_but_config_edits_do(
             != base["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
 
 
-def test_rbac_is_least_privilege(renders: dict[str, list[dict[str, Any]]]) -> None:
-    docs = renders["example"]
-    rules: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for d in docs:
-        if d["kind"] in ("Role", "ClusterRole"):
-            rules[(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"])] = d["rules"]
-    flat = [(k, g, r, v) for k, rs in rules.items() for rule in rs
-            for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]]
-    assert not any("*" in (g, r, v) for _, g, r, v in flat)
-    scaler = [(g, r, v) for (kind, ns, _), g, r, v in flat if kind == "Role" and ns == "llm"]
-    assert sorted(scaler) == sorted([
-        ("apps", "deployments", "get"), ("apps", "deployments", "list"), ("apps", "deployments", "watch"),
-        ("apps", "deployments/scale", "get"), ("apps", "deployments/scale", "patch"),
-        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
-    ])
-    cluster = sorted((g, r, v) for (kind, _, _), g, r, v in flat if kind == "ClusterRole")
-    assert cluster == [("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch")]
-    leases = [rule for (kind, ns, name), rs in rules.items() if name.endswith("leader-election") for rule in rs]
-    assert ns_of(docs, "leader-election") == "tidegate"
-    named = [r for r in leases if "resourceNames" in r]
-    assert named and set(named[0]["verbs"]) == {"get", "update", "patch"}
+RBAC_RENDERS = {
+    # render name -> (extra helm args, the namespaces the daemon manages)
+    "default": ([], ["tidegate"]),
+    "example": (EXAMPLE_ARGS, ["llm"]),
+    "all-on": (ALL_ON_ARGS, ["tidegate"]),
+    "two-namespaces": (["--set", "rbac.managedNamespaces={llm,llm-batch}"], ["llm", "llm-batch"]),
+}
+
+
+@pytest.mark.parametrize("render", sorted(RBAC_RENDERS))
+def test_rbac_grants_exactly_what_the_daemon_calls(helm: Path, render: str) -> None:
+    """The Roles grant each permission of the committed record of the daemon's calls
+    (tests/integration/daemon_kube_calls.yaml, kept true by test_daemon_actuation.py) in its scope
+    (managed namespaces, the release namespace, cluster-wide) and nothing else."""
+    args, managed = RBAC_RENDERS[render]
+    docs = _template(helm, *args)
+    calls = load_daemon_calls()
+    want = rbac_expected(calls, release="tidegate", managed=managed)
+    got = rbac_granted(docs)
+    missing, unused = sorted(want - got), sorted(got - want)
+    assert not missing, f"{render}: the daemon makes these calls and the Roles do not grant them: {missing}"
+    assert not unused, f"{render}: the Roles grant what the daemon never calls: {unused}"
+    # pods patch is there: without it the pod-deletion-cost before a spot scale-in is a 403
+    assert ("", "pods", "patch") in {(g, r, v) for ns, g, r, v in got if ns == managed[0]}
+    # the Lease can only be read and renewed under the one name the chart gives it
+    (election,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-leader-election")]
+    for rule in election["rules"]:
+        assert "resourceNames" in rule or rule["verbs"] == ["create"], rule  # create cannot name its object
     bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    roles = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")) for d in docs
+             if d["kind"] in ("Role", "ClusterRole")}
+    bound = {(b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace")) for b in bindings}
+    assert bound == roles
     sa = _one(docs, "ServiceAccount")["metadata"]["name"]
-    assert bindings and all(s["name"] == sa for b in bindings for s in b["subjects"])
+    assert all(s["name"] == sa and s["namespace"] == "tidegate" for b in bindings for s in b["subjects"])
 
 
-def ns_of(docs: list[dict[str, Any]], suffix: str) -> str:
-    return _one(docs, "Role", suffix)["metadata"]["namespace"]
+def test_rbac_check_fails_when_a_recorded_call_is_not_granted(renders: dict[str, list[dict[str, Any]]]) -> None:
+    """The comparison has teeth: the chart as it was (no pods patch, watch and list nobody uses)."""
+    docs = json.loads(json.dumps(renders["default"]))
+    for d in docs:
+        for rule in d.get("rules", []) if d["kind"] == "Role" else []:
+            if rule["resources"] == ["pods"]:
+                rule["verbs"] = ["get", "list", "watch"]
+    want = rbac_expected(load_daemon_calls(), release="tidegate", managed=["tidegate"])
+    got = rbac_granted(docs)
+    assert want - got == {("tidegate", "", "pods", "patch")}
+    assert got - want == {("tidegate", "", "pods", "get"), ("tidegate", "", "pods", "watch")}
 
 
 def test_service_pdb_and_networkpolicy_select_the_daemon(renders: dict[str, list[dict[str, Any]]]) -> None:
@@ -383,6 +406,179 @@ def test_service_pdb_and_networkpolicy_select_the_daemon(renders: dict[str, list
     assert np["spec"]["ingress"][0]["ports"] == [{"port": "http", "protocol": "TCP"}]
     egress_ports = {p["port"] for rule in np["spec"]["egress"] for p in rule["ports"]}
     assert {53, 443, 9090, 5432} <= egress_ports
+
+
+# --- values.schema.json ------------------------------------------------------------------------
+
+GEN_SCHEMA = DEPLOY / "helm" / "gen_schema.py"
+
+
+def test_values_schema_is_generated_from_the_config_schema_and_current(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(GEN_SCHEMA), "--check"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    # the config part is the daemon's own schema, less what the chart sets itself
+    daemon = DaemonConfig.model_json_schema()
+    config = schema["properties"]["config"]
+    assert set(config["properties"]) == set(daemon["properties"]) - {"apiVersion", "kind", "policies_dir"}
+    assert config["additionalProperties"] is False and schema["$defs"] == daemon["$defs"]
+    # the default values are valid against it, and the chart's own values are closed too
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    import jsonschema
+    jsonschema.Draft202012Validator(schema).validate(values)
+    assert schema["additionalProperties"] is False
+    # a stale file is reported, with the command that fixes it
+    stale = tmp_path / "values.schema.json"
+    stale.write_text(json.dumps({**schema, "properties": {k: v for k, v in schema["properties"].items() if k != "config"}}))
+    proc = subprocess.run([sys.executable, str(GEN_SCHEMA), "--check", "--out", str(stale)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "is stale: run `python deploy/helm/gen_schema.py`" in proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "replicaCount=two"], "at '/replicaCount': got string, want integer"),
+    (["--set", "config.colour=blue"], "at '/config': additional properties 'colour' not allowed"),
+    (["--set", "config.loop.interval_s=-1"], "at '/config/loop/interval_s'"),
+    (["--set", "config.providers.type=cloudy"], "at '/config/providers"),
+    (["--set", "replicaCont=3"], "additional properties 'replicaCont' not allowed"),
+    (["--set", "topologySpread.whenUnsatisfiable=Sometimes"], "at '/topologySpread/whenUnsatisfiable'"),
+    (["--set", "logLevel=loud"], "at '/logLevel'"),
+])
+def test_helm_rejects_values_the_schema_forbids(helm: Path, args: list[str], message: str) -> None:
+    for cmd in (["lint", "--strict", CHART], ["template", "tg", CHART]):
+        proc = subprocess.run([str(helm), *map(str, cmd), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and message in proc.stdout + proc.stderr, (cmd, proc.stdout, proc.stderr)
+
+
+# --- scheduling and network ---------------------------------------------------------------------
+
+
+def test_daemon_pods_spread_across_zones_and_take_a_priority_class(helm: Path, renders: dict[str, list[dict[str, Any]]]) -> None:
+    pod = _one(renders["default"], "Deployment")["spec"]["template"]["spec"]
+    labels = _one(renders["default"], "Deployment")["spec"]["template"]["metadata"]["labels"]
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "topology.kubernetes.io/zone" and spread["maxSkew"] == 1
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"  # a single-zone cluster still schedules both
+    assert spread["labelSelector"]["matchLabels"].items() <= labels.items()
+    assert "priorityClassName" not in pod
+    docs = _template(helm, "--set", "priorityClassName=system-cluster-critical",
+                     "--set", "topologySpread.whenUnsatisfiable=DoNotSchedule")
+    pod = _one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "DoNotSchedule"
+    pod = _one(_template(helm, "--set", "topologySpread.enabled=false"), "Deployment")["spec"]["template"]["spec"]
+    assert "topologySpreadConstraints" not in pod
+
+
+def _egress_ports(docs: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Egress TCP port -> the peers it may reach."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for rule in _one(docs, "NetworkPolicy")["spec"]["egress"]:
+        for p in rule["ports"]:
+            if p["protocol"] == "TCP":
+                out.setdefault(int(p["port"]), []).extend(rule.get("to", []))
+    return out
+
+
+REAL_TRITON = ["-f", str(EXAMPLE / "values.yaml"), "--set", "config.providers.settings.triton.discover=true"]
+
+
+def test_networkpolicy_lets_the_daemon_reach_triton_when_it_reads_triton(helm: Path, kube_validate: Any) -> None:
+    # off: Triton's port is not open (the example reads Prometheus only)
+    assert 8000 not in _egress_ports(_template(helm, *EXAMPLE_ARGS))
+    # discovery on: the HTTP port (the daemon reads Triton's statistics there, never the metrics
+    # port 8002) towards the namespaces of the model's Deployments
+    docs = _template(helm, *REAL_TRITON)
+    cfg = DaemonConfig.model_validate(yaml.safe_load(_configmap(docs, "-config")["config.yaml"]))
+    settings = getattr(cfg.providers, "settings")
+    assert settings.triton.discover and settings.triton.port == 8000
+    peers = _egress_ports(docs)[8000]
+    namespaces = {d.namespace for m in cfg.models for d in m.deployments.values()}
+    assert peers == [{"namespaceSelector": {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": sorted(namespaces)}]}}]
+    assert 8002 not in _egress_ports(docs)
+    # another port, and static endpoints beside discovery
+    docs = _template(helm, *REAL_TRITON, "--set", "config.providers.settings.triton.port=9000",
+                     "--set", "config.providers.settings.triton.replicas.llama3-70b-fp8.onprem-h100={10.0.0.5:8010}")
+    ports = _egress_ports(docs)
+    assert 9000 in ports and 8010 in ports and 8000 not in ports
+    assert ports[8010] == [{"ipBlock": {"cidr": "0.0.0.0/0"}}]
+    _validate(kube_validate, _one(docs, "NetworkPolicy"), "helm template (triton)")
+
+
+# --- alerts -------------------------------------------------------------------------------------
+
+RUNBOOKS = DEPLOY / "runbooks"
+SCOPE = 'namespace="tidegate",job="tidegate"'
+RUNBOOK_BASE = "https://github.com/example/tidegate/blob/main/deploy/runbooks"
+
+
+def _rules_for(namespace: str, job: str, base: str = RUNBOOK_BASE) -> dict[str, Any]:
+    """The rules file as the chart's PrometheusRule carries it for a release."""
+    rules = yaml.safe_load(RULES.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule["expr"] = rule["expr"].replace(SCOPE, f'namespace="{namespace}",job="{job}"')
+            rule["annotations"]["runbook_url"] = f"{base}/{rule['alert']}.md"
+    return rules
+
+
+def _selectors(expr: str) -> list[tuple[str, str]]:
+    """(metric name, its label matchers) for every metric a PromQL expression reads."""
+    names = metric_names(expr)
+    found = re.findall(r"(?<![\w.])([A-Za-z_:][\w:]*)(\{[^}]*\})?", re.sub(r'"(?:[^"\\]|\\.)*"', lambda m: m.group(0).replace("{", "(").replace("}", ")"), expr))
+    return [(n, sel) for n, sel in found if n in names]
+
+
+def test_every_alert_is_scoped_to_the_daemon_and_has_a_runbook() -> None:
+    alerts = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+    assert len(alerts) >= 15
+    for rule in alerts:
+        name = rule["alert"]
+        reads = _selectors(rule["expr"])
+        assert reads, name
+        for metric, sel in reads:
+            assert sel.startswith("{" + SCOPE), f"{name}: {metric}{sel} is not scoped to namespace and job"
+        assert rule["annotations"]["runbook_url"] == f"{RUNBOOK_BASE}/{name}.md"
+        book = RUNBOOKS / f"{name}.md"
+        assert book.is_file(), f"{name}: no runbook {book}"
+        text = book.read_text()
+        assert text.startswith(f"# {name}\n")
+        for section in ("## What it means", "## How to check", "## How to fix"):
+            body = text.split(section, 1)[1].split("\n## ", 1)[0] if section in text else ""
+            assert len(body.split()) >= 20, f"{book}: {section!r} is missing or empty"
+    assert sorted(p.stem for p in RUNBOOKS.glob("*.md")) == sorted(r["alert"] for r in alerts)
+
+
+def test_selector_extraction() -> None:
+    assert _selectors('sum by (pool) (x{a="{b}"}) > on (pool) y and absent(z{c="d"})') == [
+        ("x", '{a="(b)"}'), ("y", ""), ("z", '{c="d"}')]
+
+
+def test_prometheusrule_is_scoped_to_its_release(helm: Path) -> None:
+    docs = _template(helm, "--set", "prometheusRule.enabled=true", "--set", "fullnameOverride=tg-prod",
+                     "--set", "prometheusRule.runbookBaseUrl=https://git.example.com/ops/tidegate/runbooks/")
+    rule = _one(docs, "PrometheusRule")
+    assert rule["metadata"]["namespace"] == "tidegate"
+    assert rule["spec"] == _rules_for(namespace="tidegate", job="tg-prod", base="https://git.example.com/ops/tidegate/runbooks")
+    # the job the rules select is the one the chart's ServiceMonitor scrapes: the Service's name
+    docs = _template(helm, "--set", "fullnameOverride=tg-prod", "--set", "serviceMonitor.enabled=true")
+    assert _one(docs, "Service")["metadata"]["name"] == "tg-prod"
+    assert "jobLabel" not in _one(docs, "ServiceMonitor")["spec"]  # job = the Service's name
+
+
+# --- DCGM ---------------------------------------------------------------------------------------
+
+
+def test_dcgm_servicemonitor_keeps_the_exporters_pod_labels(helm: Path) -> None:
+    assert not [d for d in _template(helm) if d["kind"] == "ServiceMonitor"]
+    docs = _template(helm, "--set", "dcgmServiceMonitor.enabled=true")
+    sm = _one(docs, "ServiceMonitor", "-dcgm")
+    assert sm["metadata"]["namespace"] == "gpu-operator"
+    assert sm["spec"]["selector"]["matchLabels"] == {"app": "nvidia-dcgm-exporter"}
+    assert sm["spec"]["endpoints"] == [{"port": "gpu-metrics", "path": "/metrics", "interval": "15s", "honorLabels": True}]
+    readme = (ROOT / "README.md").read_text()
+    assert "honorLabels: true" in readme and "dcgmServiceMonitor" in readme
 
 
 def _undocumented_values(text: str) -> list[str]:

@@ -214,3 +214,45 @@ def test_lease_release_lets_the_follower_in_without_waiting(kube: KubePeer) -> N
     clock.advance(1)
     assert b.try_acquire() and b.is_leader()
     assert clock.now() - T0 < timedelta(seconds=15)
+
+
+def test_lease_requests_at_most_once_per_retry_period_and_the_leader_keeps_its_answer(kube: KubePeer) -> None:
+    clock = ManualClock(T0)
+    ns = f"l-{uuid.uuid4().hex[:6]}"
+    a = KubernetesLeaseElector(kube.api_client(), namespace=ns, identity="daemon-a", lease_duration_s=15,
+                               retry_period_s=2, clock=clock)
+    mark = kube.mark()
+
+    def lease_requests() -> int:
+        return sum(1 for r in kube.requests_since(mark) if f"/namespaces/{ns}/leases" in r.path)
+
+    assert a.try_acquire()
+    first = lease_requests()
+    assert first == 2  # read (404), create
+    for _ in range(20):  # the demo's clock ticks 12 times a wall second
+        clock.advance(0.05)
+        assert a.try_acquire()
+    assert lease_requests() == first  # one second later: no request yet
+    clock.advance(1.0)
+    assert a.try_acquire() and lease_requests() == first + 2  # read, replace: the renewal
+
+
+def test_lease_check_error_is_set_when_the_api_fails_and_not_when_a_race_is_lost(kube: KubePeer) -> None:
+    clock = ManualClock(T0)
+    ns = f"l-{uuid.uuid4().hex[:6]}"
+    a = KubernetesLeaseElector(kube.api_client(), namespace=ns, identity="daemon-a", lease_duration_s=15, clock=clock)
+    b = KubernetesLeaseElector(kube.api_client(), namespace=ns, identity="daemon-b", lease_duration_s=15, clock=clock)
+    assert a.try_acquire() and a.check_error is None
+    assert not b.try_acquire() and b.check_error is None  # another holds it: answered, not an error
+    kube.fault("GET", rf"/namespaces/{ns}/leases/tidegate-leader$", 403, message="forbidden by RBAC")
+    clock.advance(1)
+    assert not b.try_acquire()
+    assert b.check_error is not None and b.check_error.startswith("403"), b.check_error
+    clock.advance(1)
+    assert not b.try_acquire() and b.check_error is None  # answered again
+
+
+def test_postgres_check_error_is_set_while_the_server_cannot_be_reached(pg_dsn: str) -> None:
+    a = PostgresAdvisoryLock(f"{pg_dsn} port=1", name=f"t-{uuid.uuid4().hex}", connect_timeout_s=1)
+    assert not a.try_acquire()
+    assert a.check_error is not None and "port 1" in a.check_error

@@ -39,3 +39,14 @@ def test_missing_token_file_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_no_tokens_means_empty() -> None:
     assert TokenAuth.from_config(ApiConfig(), {}).empty
+
+
+@pytest.mark.parametrize("header,name", [
+    ("Bearer a1", "alice"), ("bearer a1", "alice"), ("Bearer  a1 ", "alice"),
+    (None, None), ("", None), ("Bearer", None), ("Bearer ", None), ("Basic a1", None), ("a1", None),
+    ("Bearer a2", None),
+])
+def test_from_header_reads_only_a_bearer_token(header: str | None, name: str | None) -> None:
+    auth = TokenAuth.from_config(ApiConfig(), {"TIDEGATE_ADMIN_TOKENS": "alice:a1"})
+    who = auth.from_header(header)
+    assert (who.name if who else None) == name

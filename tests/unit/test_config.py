@@ -44,6 +44,10 @@ def _err(raw: dict) -> str:
     (lambda r: r["models"][0].update(gpu_types=["H100", "L40S"]), ["L40S"]),
     (lambda r: r["pools"][0].update(colour="blue"), ["colour"]),
     (lambda r: r["pools"][0].update(kind="moon-spot"), ["kind"]),
+    (lambda r: r.update(leader_election={"backend": "database"}), ["leader_election.backend is database", "sqlite:///", "backend lease"]),
+    (lambda r: r.update(leader_election={"lease_duration_s": 3, "retry_period_s": 2}), ["retry_period_s (2)", "lease_duration_s (3)"]),
+    (lambda r: r.update(leader_election={"backend": "etcd"}), ["leader_election.backend"]),
+    (lambda r: r.update(leader_election={"name": "Tidegate_Leader"}), ["leader_election.name"]),
 ])
 def test_cross_field_errors_quote_the_values(mutate, needles) -> None:
     raw = _demo()
@@ -58,3 +62,14 @@ def test_real_providers_need_cloud_sections() -> None:
     raw["providers"] = {"type": "real"}
     msg = _err(raw)
     assert "aws-spot-p5" in msg and "aws section" in msg
+
+
+def test_leader_election_backend_defaults_follow_the_database_and_identity_the_pod() -> None:
+    from providers.leader import LeaderElectionSettings, default_identity
+
+    election = DaemonConfig.model_validate(_demo()).leader_election
+    assert election.resolved_backend("sqlite:///x.db") == "none"
+    assert election.resolved_backend("postgresql+psycopg://u@h/db") == "database"
+    assert LeaderElectionSettings(backend="lease").resolved_backend("sqlite:///x.db") == "lease"
+    assert default_identity({"POD_NAME": "tidegate-7c9-x2"}) == "tidegate-7c9-x2"
+    assert default_identity({}).endswith(f"/{__import__('os').getpid()}")

@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 
 from controller.core.model import Override, OverrideKind
-from controller.core.overrides import NO_OVERRIDES, resolve
+from controller.core.overrides import NO_OVERRIDES, replica_cap, resolve
 from controller.core.reasons import Reason
-from tests.unit.test_pipeline import MODEL, NOW, fixed, policy, run, stage
+from tests.unit.test_pipeline import MODEL, NOW, POOLS, fixed, policy, run, stage
 
 PIN, BOUNDS, FREEZE, DRAIN = OverrideKind.PIN, OverrideKind.BOUNDS, OverrideKind.FREEZE, OverrideKind.DRAIN_POOL
 
@@ -158,3 +158,26 @@ def test_pool_freeze_keeps_that_pool_only() -> None:
     # the frozen pool keeps its 3 even though the policy wants 2 in total; the others follow
     assert d.actuate and d.reason == Reason.OVERRIDE_FREEZE.value
     assert d.placement == {"onprem": 0, "spot-a": 3, "spot-b": 0, "od": 0}
+
+
+# -- how many replicas an override may ask for ------------------------------------------------------
+
+@pytest.mark.parametrize("policy_max,pool,cap,names", [
+    (10, None, 10, "the policy's max_replicas (10)"),    # the pools hold more than the policy allows
+    (100, None, None, "what the model's pools hold together"),
+    (10, "onprem", None, "what pool onprem holds"),     # one pool holds less than the policy allows
+    (2, "onprem", 2, "the policy's max_replicas (2)"),  # a pool's pin obeys the policy's hard max
+    (None, "od", None, "what pool od holds"),
+    (None, None, None, "what the model's pools hold together"),
+])
+def test_replica_cap_is_one_rule_for_a_pool_and_the_total(policy_max: int | None, pool: str | None,
+                                                          cap: int | None, names: str) -> None:
+    held = {p: POOLS[p].max_replicas(MODEL) for p in MODEL.pools}
+    expected = cap if cap is not None else (held[pool] if pool else sum(held.values()))
+    got, why = replica_cap(MODEL, POOLS, policy_max_replicas=policy_max, pool=pool)
+    assert got == expected and names in why, (got, why, held)
+    assert got <= min(v for v in (policy_max, held[pool] if pool else sum(held.values())) if v is not None)
+
+
+def test_replica_cap_without_policy_or_known_pools_is_none() -> None:
+    assert replica_cap(MODEL, {}, policy_max_replicas=None, pool=None) == (None, "")

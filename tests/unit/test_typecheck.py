@@ -20,7 +20,7 @@ CHECKED = [
     "providers/sim", "providers/clock.py", "providers/prometheus.py", "providers/triton.py",
     "providers/cost.py", "providers/exporters.py", "controller/sim",
     "providers/cloudpool.py", "providers/kubernetes.py", "providers/aws.py", "providers/gcp.py",
-    "providers/leader.py", "providers/real.py",
+    "providers/leader.py", "providers/real.py", "deploy/helm/gen_schema.py", "controller/errors.py",
 ]
 
 

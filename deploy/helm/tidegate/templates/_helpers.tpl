@@ -51,13 +51,24 @@ app.kubernetes.io/component: controller
 {{- default (include "tidegate.fullname" .) .Values.leaderElection.leaseName }}
 {{- end }}
 
+{{/* The leader election backend: leaderElection.backend, or lease when more than one pod runs. */}}
+{{- define "tidegate.leaderBackend" -}}
+{{- $backend := .Values.leaderElection.backend | default (ternary "lease" "none" (gt (int .Values.replicaCount) 1)) }}
+{{- if and (eq $backend "none") (gt (int .Values.replicaCount) 1) }}
+{{- fail "leaderElection.backend none with replicaCount > 1 would run several acting daemons: use lease (or database on PostgreSQL), or replicaCount 1" }}
+{{- end }}
+{{- $backend }}
+{{- end }}
+
 {{/* Namespaces the daemon scales Deployments in, as a list. */}}
 {{- define "tidegate.managedNamespaces" -}}
 {{- $ns := .Values.rbac.managedNamespaces | default (list .Release.Namespace) }}
 {{- toJson (uniq $ns) }}
 {{- end }}
 
-{{/* The daemon config as the daemon reads it: the user's config plus what the chart owns. */}}
+{{/* The daemon config as the daemon reads it: the user's config plus what the chart owns (the API
+address, the policies directory, and leader election from leaderElection.*, so that the Lease the
+daemon takes is the one the Role grants). */}}
 {{- define "tidegate.config" -}}
 {{- $cfg := deepCopy .Values.config }}
 {{- $_ := set $cfg "apiVersion" "tidegate/v1" }}
@@ -68,5 +79,40 @@ app.kubernetes.io/component: controller
 {{- $_ := set $api "host" "0.0.0.0" }}
 {{- $_ := set $api "port" (int .Values.service.port) }}
 {{- $_ := set $cfg "api" $api }}
+{{- $election := deepCopy (default dict $cfg.leader_election) }}
+{{- $_ := set $election "backend" (include "tidegate.leaderBackend" .) }}
+{{- $_ := set $election "name" (include "tidegate.leaseName" .) }}
+{{- $_ := set $election "lease_namespace" .Release.Namespace }}
+{{- $_ := set $election "lease_duration_s" (int .Values.leaderElection.leaseDurationSeconds) }}
+{{- $_ := set $election "retry_period_s" .Values.leaderElection.retryPeriodSeconds }}
+{{- $_ := set $cfg "leader_election" $election }}
 {{- toYaml $cfg }}
+{{- end }}
+
+{{/* Where the daemon reaches Triton (config.providers.settings.triton), as JSON: "discovered"
+the port on discovered pods (0 without discover), "namespaces" those of the model's Deployments,
+"static" the ports of the static host:port endpoints. */}}
+{{- define "tidegate.tritonEgress" -}}
+{{- $triton := dig "providers" "settings" "triton" dict (.Values.config | default dict) | default dict }}
+{{- $out := dict "discovered" 0 "namespaces" list "static" list }}
+{{- if $triton.discover }}
+{{- $_ := set $out "discovered" (int (default 8000 $triton.port)) }}
+{{- $nss := list }}
+{{- range .Values.config.models }}
+{{- range $pool, $dep := .deployments }}
+{{- $nss = append $nss (default "default" $dep.namespace) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $out "namespaces" ($nss | uniq | sortAlpha) }}
+{{- end }}
+{{- $ports := list }}
+{{- range $model, $pools := (default dict $triton.replicas) }}
+{{- range $pool, $endpoints := $pools }}
+{{- range $endpoints }}
+{{- $ports = append $ports (int (regexReplaceAll "^.*:" . "")) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $_ := set $out "static" ($ports | uniq | sortAlpha) }}
+{{- toJson $out }}
 {{- end }}
