@@ -33,7 +33,6 @@ simulator calls ``decide`` hundreds of thousands of times.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
@@ -83,8 +82,7 @@ class _Step(NamedTuple):
     stage: Stage
 
 
-@dataclass(frozen=True, slots=True)
-class _Opinions:
+class _Opinions(NamedTuple):
     """What the rules said (stage 1), sorted for the stages that read it."""
 
     recs: tuple[Recommendation, ...]
@@ -530,10 +528,11 @@ def decide(
                    partial(placement_cost, model, pools, states, previous))
     if out.actuate and out.replicas != current:
         events = events + (ScaleEvent(now, current, out.replicas),)
-    steps = (recommended, combined, tolerated, guarded, stabilized, limited, bounded, overridden, placed, budgeted)
     return Decision(
         model=model.name, at=now, current_replicas=current, replicas=out.replicas, placement=out.placement,
-        previous_placement=previous, recommendations=op.recs, trace=tuple(s.stage for s in steps) + (out.stage,),
+        previous_placement=previous, recommendations=op.recs,
+        trace=(recommended.stage, combined.stage, tolerated.stage, guarded.stage, stabilized.stage, limited.stage,
+               bounded.stage, overridden.stage, placed.stage, budgeted.stage, out.stage),
         reason=out.reason, actuate=out.actuate, cost_per_hour_usd=out.cost_per_hour_usd,
         policy_version=policy.version,
         history=History(recommendations=recommendations, scale_events=events, rule_state=op.rule_state),

@@ -290,47 +290,41 @@ def place(
 
 def _keep_valid(model: ModelSpec, pools: Mapping[str, PoolSpec], states: Mapping[str, PoolState],
                 placement: PlacementSpec, drained: Collection[str], pinned: Mapping[str, int]) -> _Kept:
-    """Step 1: what stays valid of the current placement, pool by pool in the model's order."""
+    """Step 1: what stays valid of the current placement, pool by pool in the model's order.
+    Unusable and drained pools keep nothing; pinned pools get their pin; the others keep what is
+    still valid of their replicas."""
     kept = _Kept()
+    allowed = placement.pools
     for name in model.pools:
         state = states.get(name)
         p = _Pool(name, pools.get(name), state, model)
         kept.views.append(p)
-        _keep_pool(kept, p, state, model, placement, drained, pinned)
+        if not p.usable or (allowed is not None and name not in allowed):
+            _unusable(kept, p, model, allowed)
+        elif name in drained:
+            kept.events.append((Reason.OVERRIDE_DRAIN.value, f"{name} drained: moving {p.current}"))
+            if p.current:
+                kept.move_off(Reason.OVERRIDE_DRAIN.value, p.current)
+        elif name in pinned:
+            p.pinned = True
+            p.kept = p.replicas = min(max(0, pinned[name]), p.capacity)
+        else:
+            _keep_current(kept, p, state, placement)
     return kept
 
 
-def _unusable_why(p: _Pool, model: ModelSpec, allowed: Collection[str] | None) -> str | None:
-    """Why the model cannot use pool ``p`` at all, or ``None`` when it can."""
+def _unusable(kept: _Kept, p: _Pool, model: ModelSpec, allowed: Collection[str] | None) -> None:
+    """A pool the model cannot use (no pool spec, not allowed by the policy, no engine for its GPU
+    type) keeps nothing and takes nothing."""
+    p.usable = False
+    if not p.current:
+        return
     spec = p.spec
-    if spec is None:
-        return "no pool spec"
-    if allowed is not None and p.name not in allowed:
-        return "not allowed by the policy"
-    if not p.usable:
-        return f"no engine for GPU {spec.gpu_type} x{spec.gpus_per_node} at TP {model.tp_degree}"
-    return None
-
-
-def _keep_pool(kept: _Kept, p: _Pool, state: PoolState | None, model: ModelSpec, placement: PlacementSpec,
-               drained: Collection[str], pinned: Mapping[str, int]) -> None:
-    """Unusable and drained pools keep nothing; pinned pools get their pin; the others keep what
-    is still valid of their replicas."""
-    why = _unusable_why(p, model, placement.pools)
-    if why is not None:
-        p.usable = False
-        if p.current:
-            kept.events.append((Reason.POOL_UNAVAILABLE.value, f"{p.name} unusable ({why}): moving {p.current}"))
-            kept.move_off(Reason.POOL_UNAVAILABLE.value, p.current)
-    elif p.name in drained:
-        kept.events.append((Reason.OVERRIDE_DRAIN.value, f"{p.name} drained: moving {p.current}"))
-        if p.current:
-            kept.move_off(Reason.OVERRIDE_DRAIN.value, p.current)
-    elif p.name in pinned:
-        p.pinned = True
-        p.kept = p.replicas = min(max(0, pinned[p.name]), p.capacity)
-    else:
-        _keep_current(kept, p, state, placement)
+    why = ("no pool spec" if spec is None else
+           "not allowed by the policy" if allowed is not None and p.name not in allowed else
+           f"no engine for GPU {spec.gpu_type} x{spec.gpus_per_node} at TP {model.tp_degree}")
+    kept.events.append((Reason.POOL_UNAVAILABLE.value, f"{p.name} unusable ({why}): moving {p.current}"))
+    kept.move_off(Reason.POOL_UNAVAILABLE.value, p.current)
 
 
 def _unavailable(p: _Pool, state: PoolState | None, placement: PlacementSpec) -> tuple[str, str] | None:
