@@ -44,12 +44,6 @@ from policies.base import Registry
 
 logger = logging.getLogger("tidegate.daemon")
 
-SIGNAL_NAMES = (
-    "queue_depth", "p99_latency_ms", "gpu_utilization_pct", "request_rate_per_s",
-    "output_tokens_per_s", "cost_per_million_tokens_usd",
-)
-
-
 READY_SLACK_WALL_S = 2.0
 """Scheduling slack readiness allows on top of three tick intervals, wall seconds (a tick that
 starts late on a busy node must not flap the pod out of its Service)."""
@@ -462,8 +456,7 @@ class Daemon:
             m.p99_latency.labels(model=d.model).set(sig.p99_latency_ms.value)
         if sig.queue_depth.value is not None:
             m.queue_depth.labels(model=d.model).set(sig.queue_depth.value)
-        for s in SIGNAL_NAMES:
-            sample = getattr(sig, s)
+        for s, sample in sig.samples.items():
             m.signal_missing.labels(model=d.model, signal=s).set(0 if sample.value is not None else 1)
         pol = self.policy_store.policies().get(d.model)
         if pol is not None:
@@ -582,7 +575,7 @@ class Daemon:
                     }
                 out["models"][name] = {
                     "policy_version": policies[name].version if name in policies else None,
-                    "signals": {s: sample_to_json(getattr(sig, s)) for s in SIGNAL_NAMES} if sig else None,
+                    "signals": {s: sample_to_json(v) for s, v in sig.samples.items()} if sig else None,
                     "pools": pools,
                     "current_replicas": d.current_replicas if d else None,
                     "desired_replicas": d.replicas if d else None,
