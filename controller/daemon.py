@@ -13,6 +13,7 @@ reads snapshots (``status()``) under the same lock's protection of the small sha
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -35,6 +36,7 @@ from controller.core.model import (
 )
 from controller.core.pipeline import decide
 from controller.core.reasons import Reason
+from controller.core.signals import NOT_MEASURED_REASONS
 from controller.db.repo import Repository
 from controller.logs import log
 from controller.metrics import DaemonMetrics
@@ -457,7 +459,11 @@ class Daemon:
         if sig.queue_depth.value is not None:
             m.queue_depth.labels(model=d.model).set(sig.queue_depth.value)
         for s, sample in sig.samples.items():
-            m.signal_missing.labels(model=d.model, signal=s).set(0 if sample.value is not None else 1)
+            if sample.value is None and (sample.reason or "").split(":")[0] in NOT_MEASURED_REASONS:
+                with contextlib.suppress(KeyError):  # not measured by design: nothing to page about
+                    m.signal_missing.remove(d.model, s)
+            else:
+                m.signal_missing.labels(model=d.model, signal=s).set(0 if sample.value is not None else 1)
         pol = self.policy_store.policies().get(d.model)
         if pol is not None:
             if pol.spec.budget.max_cost_per_hour_usd is not None:

@@ -94,6 +94,13 @@ class Signal:
     idle pool (rate 0) into ``NoRequests``."""
 
 
+NOT_MEASURED_REASONS = frozenset({"NotConfigured", "NotSimulated"})
+"""Reasons a source gives for a signal it does not measure by design (its query turned off, a
+simulated world without it). The decision core still sees such a sample as missing; the daemon's
+``tidegate_signal_missing`` leaves it out, so the ``TidegateSignalMissing`` alert pages only for
+signals that are measured and stopped arriving."""
+
+
 _MISSING_DATA = ("missing data: a rule that reads it has no opinion and, with `on_missing: hold`, blocks any"
                  " scale-down (other rules may still scale up).")
 _HOLD = "M" + _MISSING_DATA[1:]
