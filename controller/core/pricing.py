@@ -225,5 +225,5 @@ def with_cost(signals: ModelSignals, model: ModelSpec, pools: Mapping[str, PoolS
     if signals.cost_per_million_tokens_usd.value is not None:
         return replace(signals, pools=states)
     per_hour = model_cost_per_hour_usd(model, pools, states, now, notes)
-    return replace(signals, pools=states, cost_per_million_tokens_usd=cost_per_million_tokens_usd(
-        per_hour, signals.output_tokens_per_s, now, max_age_s))
+    cost = cost_per_million_tokens_usd(per_hour, signals.output_tokens_per_s, now, max_age_s)
+    return replace(signals, pools=states, samples={**signals.samples, "cost_per_million_tokens_usd": cost})

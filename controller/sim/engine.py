@@ -60,6 +60,7 @@ from controller.core.pricing import (
     price_pools,
     usd_per_million_tokens,
 )
+from controller.core.signals import model_signal_names
 from controller.sim.service import (
     TAIL_U,
     TAIL_W,
@@ -1098,18 +1099,11 @@ class Simulation:
         samples = self.scrape_samples
         missing = _NOT_SCRAPED
         pools, pending, ready, desired = self._pool_views(at)
-        sig = ModelSignals(
-            model=self.model.name, at=at,
-            queue_depth=samples.get("queue_depth", missing), p99_latency_ms=samples.get("p99_latency_ms", missing),
-            gpu_utilization_pct=samples.get("gpu_utilization_pct", missing),
-            request_rate_per_s=samples.get("request_rate_per_s", missing),
-            output_tokens_per_s=samples.get("output_tokens_per_s", missing),
-            input_tokens_per_s=samples.get("input_tokens_per_s", missing),
-            kv_cache_utilization_pct=samples.get("kv_cache_utilization_pct", missing),
-            # cost per token as the daemon shows it (and the budget prices it): one pricing module
-            cost_per_million_tokens_usd=cost_per_million_tokens_usd(
-                self.obs_cost_h, samples.get("output_tokens_per_s", missing), at),
-            pools=pools)
+        taken = {n: samples.get(n, missing) for n in model_signal_names()}
+        # cost per token as the daemon shows it (and the budget prices it): one pricing module
+        taken["cost_per_million_tokens_usd"] = cost_per_million_tokens_usd(
+            self.obs_cost_h, taken["output_tokens_per_s"], at)
+        sig = ModelSignals(self.model.name, at, samples=taken, pools=pools)
         win = self.opt.rate_window_s
         if self.mode == "requests":
             lo = bisect_left(self.arrivals, self.now - win, 0, self.next_req)
