@@ -127,21 +127,28 @@ def price_pools(model: ModelSpec, pools: Mapping[str, PoolSpec], states: Mapping
         spec, st = pools.get(name), states.get(name)
         if spec is None or st is None:
             continue
+        note = None
         if spec.kind.is_spot and st.price_per_node_hour_usd is None:
-            notes[name] = f"{STATIC_PRICE}: no live price for {name}; static {spec.price_per_node_hour_usd:g} USD/node-hour"
-        if onprem is None or not spec.kind.is_onprem:
-            continue
-        sample = (power_kw or {}).get(name)
-        kw = sample.fresh(now, max_age_s) if sample is not None else None
-        nodes = whole_nodes(st.replicas or 0, spec.replicas_per_node(model))
-        price, note = onprem_node_price(spec, onprem, nodes, kw)
+            note = f"{STATIC_PRICE}: no live price for {name}; static {spec.price_per_node_hour_usd:g} USD/node-hour"
+        elif onprem is not None and spec.kind.is_onprem:
+            out[name], note = _priced_onprem(model, spec, st, onprem, (power_kw or {}).get(name), now, max_age_s)
         if note is not None:
-            if price is None and sample is not None and sample.reason:
-                note += f" ({sample.reason})"
             notes[name] = note
-        if price is not None:
-            out[name] = replace(st, price_per_node_hour_usd=price)
     return out, notes
+
+
+def _priced_onprem(model: ModelSpec, spec: PoolSpec, state: PoolState, site: OnPremCost, power_kw: Sample | None,
+                   now: datetime, max_age_s: float) -> tuple[PoolState, str | None]:
+    """One on-prem pool's state priced at ``site`` (unchanged when its energy is unknown), and the
+    note on how it was priced."""
+    kw = power_kw.fresh(now, max_age_s) if power_kw is not None else None
+    nodes = whole_nodes(state.replicas or 0, spec.replicas_per_node(model))
+    price, note = onprem_node_price(spec, site, nodes, kw)
+    if price is None:
+        if note is not None and power_kw is not None and power_kw.reason:
+            note += f" ({power_kw.reason})"
+        return state, note
+    return replace(state, price_per_node_hour_usd=price), note
 
 
 # ---------------------------------------------------------------------------------- fleets
