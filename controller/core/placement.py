@@ -79,7 +79,8 @@ class _Pool:
         self.per_node = spec.replicas_per_node(model)
         self.capacity = spec.max_nodes * self.per_node
         self.price = pool_price(spec, state)
-        self.eff_cost = replica_price(spec, model, state)
+        # pricing.replica_price, with the price and replicas per node this pool already holds: hot loop
+        self.eff_cost = self.price / self.per_node if self.per_node > 0 else float("inf")
         self.usable = self.per_node > 0
 
     def nodes(self) -> int:
