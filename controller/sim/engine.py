@@ -46,11 +46,24 @@ from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Literal, Mapping, Protocol
+from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from controller.core.model import ModelSignals, ModelSpec, PoolSpec, PoolState, Sample
+from controller.controller import Controller, DecisionFunction
+from controller.core.model import (
+    Action,
+    ActionStatus,
+    Decision,
+    History,
+    ModelSignals,
+    ModelSpec,
+    Override,
+    PoolSpec,
+    PoolState,
+    Sample,
+)
+from controller.core.policy import EffectivePolicy
 from controller.sim.service import (
     TAIL_U,
     TAIL_W,
@@ -206,9 +219,10 @@ class Observation:
     desired_by_pool: Mapping[str, int]
 
 
-class Controller(Protocol):
-    """A scaling algorithm under test. ``decide`` returns desired replicas per pool, or ``None``
-    to leave everything as it is."""
+class Autoscaler(Protocol):
+    """A scaling algorithm under test: tidegate's pipeline or a baseline. It runs as a
+    ``controller.controller.Controller`` over the simulation's providers (``controller()``), the
+    same tick the daemon runs."""
 
     name: str
     interval_s: float
@@ -219,8 +233,119 @@ class Controller(Protocol):
         ``need`` is what the first minutes of load require at the SLO."""
         ...
 
-    def decide(self, now_s: float, obs: Observation) -> Mapping[str, int] | None:
+    def controller(self, sim: "Simulation") -> Controller:
+        """The tick, over ``sim``'s clock, metrics, pool providers and recorder (after ``initial``)."""
         ...
+
+
+class Baseline:
+    """A baseline is a decision function of what it can see (``decide(now_s, obs)``: desired
+    replicas per pool, or ``None`` to leave everything as it is), run by the same ``Controller``
+    as tidegate. Subclasses set ``name``, ``interval_s``, ``node_mode`` and write ``initial`` and
+    ``decide``."""
+
+    name: str
+    interval_s: float
+    node_mode: Literal["direct", "autoscaler"]
+
+    def initial(self, setup: SimSetup, need: int) -> dict[str, int]:
+        raise NotImplementedError
+
+    def decide(self, now_s: float, obs: Observation) -> Mapping[str, int] | None:
+        raise NotImplementedError
+
+    def controller(self, sim: "Simulation") -> Controller:
+        model = sim.model
+        return sim.controller_for(model, {n: sim.setup.pools[n] for n in model.pools},
+                                  _BaselineDecision(self, sim), policy=None)
+
+
+class _BaselineDecision:
+    """A baseline's ``decide(now_s, obs)`` as a ``DecisionFunction``: the placement it returns
+    becomes a ``Decision`` (``actuate`` unless it returned ``None``)."""
+
+    def __init__(self, baseline: Baseline, sim: "Simulation") -> None:
+        self.baseline = baseline
+        self.sim = sim
+        self.reason = f"Baseline:{baseline.name}"
+
+    def __call__(self, *, model: ModelSpec, signals: ModelSignals, history: History, now: datetime,
+                 **_: object) -> Decision:
+        obs = self.sim.observation(signals)
+        placement = self.baseline.decide(obs.now_s, obs)
+        previous = dict(obs.desired_by_pool)
+        current = sum(previous.values())
+        if placement is None:
+            return Decision(model=model.name, at=now, current_replicas=current, replicas=current, placement=previous,
+                            previous_placement=previous, recommendations=(), trace=(), reason=self.reason,
+                            actuate=False, cost_per_hour_usd=0.0, history=history)
+        placed = {n: int(v) for n, v in placement.items()}
+        return Decision(model=model.name, at=now, current_replicas=current, replicas=sum(placed.values()),
+                        placement=placed, previous_placement=previous, recommendations=(), trace=(),
+                        reason=self.reason, actuate=True, cost_per_hour_usd=0.0, history=history)
+
+
+class SimClock:
+    """The simulated clock as the ``Clock`` protocol."""
+
+    def __init__(self, sim: "Simulation") -> None:
+        self.sim = sim
+
+    def now(self) -> datetime:
+        return self.sim._dt(self.sim.now)
+
+
+class SimMetrics:
+    """The simulated Prometheus as a ``MetricsSource``: the last scrape's samples."""
+
+    def __init__(self, sim: "Simulation") -> None:
+        self.sim = sim
+
+    def observe(self, models: Sequence[ModelSpec], now: datetime) -> Mapping[str, ModelSignals]:
+        sig = self.sim.signals()
+        return {m.name: sig for m in models if m.name == sig.model}
+
+
+class SimPool:
+    """One simulated pool as a ``PoolProvider``: its live state, and ``scale`` setting the desired
+    replicas (and, for controllers that manage nodes, the nodes to hold)."""
+
+    def __init__(self, sim: "Simulation", pool: PoolSpec) -> None:
+        self.sim = sim
+        self.pool = pool
+
+    def state(self, model: ModelSpec, now: datetime) -> PoolState:
+        return self.sim._pool_views(now)[0][self.pool.name]
+
+    def scale(self, model: ModelSpec, replicas: int, nodes: int, now: datetime) -> Sequence[Action]:
+        before = self.sim.scale_pool(self.pool.name, replicas, nodes)
+        if before is None:
+            return ()
+        return (Action(provider="simulated", call="scale", pool=self.pool.name, model=model.name,
+                       arguments={"replicas": replicas, "nodes": nodes, "from": before}, status=ActionStatus.OK),)
+
+
+class MemoryRecorder:
+    """The simulator's ``Recorder``: no overrides, an empty history at start, and counts of what
+    was decided (``reasons``) instead of a decision log."""
+
+    def __init__(self) -> None:
+        self.decisions = 0
+        self.reasons: dict[str, int] = {}
+
+    def history(self, model: str, now: datetime, horizon_s: float) -> History:
+        return History()
+
+    def overrides(self, model: str, now: datetime) -> Sequence[Override]:
+        return ()
+
+    def decision(self, decision: Decision, signals: ModelSignals, dry_run: bool) -> int:
+        self.decisions += 1
+        self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
+        return self.decisions
+
+    def outcome(self, decision_id: int, actions: Sequence[Action], outcome: str, detail: str | None) -> None:
+        return None
 
 
 class _Node:
@@ -255,7 +380,7 @@ class _Pod:
 class _Pool:
     __slots__ = ("spec", "name", "onprem", "spot_pool", "tp", "per_node", "nodes", "pods", "desired", "spot",
                  "blocked", "blocked_reason", "backoff_until", "notices", "bill_n", "bill_t", "cost_usd",
-                 "node_s", "launch_failures", "interrupted_nodes", "killed_pods", "cloud")
+                 "node_s", "launch_failures", "interrupted_nodes", "killed_pods", "cloud", "want_nodes")
 
     def __init__(self, spec: PoolSpec, model: ModelSpec, spot: SpotModel | None) -> None:
         self.spec = spec
@@ -268,6 +393,8 @@ class _Pool:
         self.nodes: list[_Node] = []
         self.pods: list[_Pod] = []
         self.desired = 0
+        self.want_nodes = 0
+        """Nodes the controller asked this pool to hold (``node_mode="direct"``)."""
         self.spot = spot
         self.blocked = False
         self.blocked_reason = ""
@@ -300,9 +427,9 @@ class RunResult:
 class Simulation:
     """One controller, one workload, one fleet. ``run()`` once."""
 
-    def __init__(self, setup: SimSetup, controller: Controller) -> None:
+    def __init__(self, setup: SimSetup, autoscaler: Autoscaler) -> None:
         self.setup = setup
-        self.ctrl = controller
+        self.ctrl = autoscaler
         self.opt = setup.options
         self.model = setup.model
         self.end_s = float(setup.span_s)
@@ -310,6 +437,13 @@ class Simulation:
         self.pools: dict[str, _Pool] = {}
         for name in self.model.pools:
             self.pools[name] = _Pool(setup.pools[name], self.model, setup.spot.get(name))
+        # the providers a Controller sees (built in _start, after the autoscaler's initial fleet)
+        self.clock = SimClock(self)
+        self.metrics = SimMetrics(self)
+        self.pool_providers = {name: SimPool(self, setup.pools[name]) for name in self.model.pools}
+        self.recorder = MemoryRecorder()
+        self.controller: Controller | None = None
+        self._actuated = False
         self.heap: list[tuple[float, int, int, Any, int]] = []
         self.seq = 0
         self.now = 0.0
@@ -658,10 +792,12 @@ class Simulation:
         return (3, active_on_node, held - p.created_s * 1e-9)
 
     def _reconcile_nodes(self, pool: _Pool) -> None:
-        """Direct node management: hold ``nodes_for(desired)`` live nodes; release empty surplus."""
+        """Direct node management: hold the nodes the controller asked for (``nodes`` of its last
+        ``scale``: every model's placement in this pool, at least ``min_nodes``) live; release
+        empty surplus."""
         if pool.onprem:
             return
-        need = -(-pool.desired // pool.per_node) if pool.desired > 0 and pool.per_node > 0 else 0
+        need = pool.want_nodes
         live = [n for n in pool.nodes if n.state != N_GONE and not n.noticed]
         if len(live) < need:
             self._launch(pool, need - len(live))
@@ -1081,12 +1217,12 @@ class Simulation:
         self.obs_version = self.version
         return self.obs_cache
 
-    def observe(self) -> Observation:
+    def signals(self) -> ModelSignals:
+        """The last scrape's samples as a metrics source returns them (no pool states)."""
         at = self._dt(self.now)
         samples = self.scrape_samples
         missing = _NOT_SCRAPED
-        pools, pending, ready, desired = self._pool_views(at)
-        sig = ModelSignals(
+        return ModelSignals(
             model=self.model.name, at=at,
             queue_depth=samples.get("queue_depth", missing), p99_latency_ms=samples.get("p99_latency_ms", missing),
             gpu_utilization_pct=samples.get("gpu_utilization_pct", missing),
@@ -1094,7 +1230,12 @@ class Simulation:
             output_tokens_per_s=samples.get("output_tokens_per_s", missing),
             input_tokens_per_s=samples.get("input_tokens_per_s", missing),
             kv_cache_utilization_pct=samples.get("kv_cache_utilization_pct", missing),
-            cost_per_million_tokens_usd=samples.get("cost_per_million_tokens_usd", missing), pools=pools)
+            cost_per_million_tokens_usd=samples.get("cost_per_million_tokens_usd", missing))
+
+    def observation(self, signals: ModelSignals) -> Observation:
+        """What a baseline sees: the controller's observed ``signals`` and the counts a load
+        balancer and the Kubernetes API give it."""
+        _, pending, ready, desired = self._pool_views(signals.at)
         win = self.opt.rate_window_s
         if self.mode == "requests":
             lo = bisect_left(self.arrivals, self.now - win, 0, self.next_req)
@@ -1104,22 +1245,35 @@ class Simulation:
             while log and log[0][0] < self.now - win:
                 self.fluid_log_sum -= log.popleft()[1]
             n_win = int(round(self.fluid_log_sum))
-        return Observation(now_s=self.now, at=at, signals=sig, requests_in_window=n_win,
+        return Observation(now_s=self.now, at=signals.at, signals=signals, requests_in_window=n_win,
                            pending_by_pool=pending, ready_by_pool=ready, desired_by_pool=desired)
 
     # ------------------------------------------------------------------ control
-    def apply(self, placement: Mapping[str, int]) -> None:
-        changed = False
-        for name, n in placement.items():
-            pool = self.pools.get(name)
-            if pool is None:
-                continue
-            n = min(max(0, int(n)), pool.spec.max_nodes * pool.per_node)
-            if n != pool.desired:
-                self.actions += 1
-                self.action_log.append((self.now, name, pool.desired, n))
-                changed = True
-                self._set_desired(pool, n)
+    def controller_for(self, model: ModelSpec, pools: Mapping[str, PoolSpec], decide: DecisionFunction,
+                       policy: EffectivePolicy | None) -> Controller:
+        """A ``Controller`` for ``model`` on ``pools`` over this simulation's providers."""
+        policies: dict[str, EffectivePolicy] = {} if policy is None else {model.name: policy}
+        return Controller(models={model.name: model}, pools=pools, clock=self.clock, metrics_source=self.metrics,
+                          pool_providers={n: self.pool_providers[n] for n in model.pools}, recorder=self.recorder,
+                          policies=lambda: policies, decide=decide, policy_required=policy is not None)
+
+    def scale_pool(self, name: str, replicas: int, nodes: int) -> int | None:
+        """A controller's ``scale`` of one pool: its desired replicas (clamped to what the pool
+        can hold) and the nodes to hold. Returns the previous desired replicas if they changed."""
+        pool = self.pools[name]
+        self._actuated = True
+        pool.want_nodes = nodes
+        n = min(max(0, int(replicas)), pool.spec.max_nodes * pool.per_node)
+        if n == pool.desired:
+            return None
+        before = pool.desired
+        self.actions += 1
+        self.action_log.append((self.now, name, before, n))
+        self._set_desired(pool, n)
+        return before
+
+    def _settle(self, changed: bool) -> None:
+        """After a controller scaled: nodes (direct mode), binding, dispatch."""
         if changed:
             self.decisions_changed += 1
         if not changed and self.applied_version == self.version:
@@ -1133,11 +1287,13 @@ class Simulation:
         self.applied_version = self.version
 
     def _tick(self) -> None:
-        obs = self.observe()
+        assert self.controller is not None
         self.decisions += 1
-        placement = self.ctrl.decide(self.now, obs)
-        if placement is not None:
-            self.apply(placement)
+        actions = self.actions
+        self._actuated = False
+        self.controller.tick(self._dt(self.now))
+        if self._actuated:
+            self._settle(self.actions != actions)
         nxt = self.now + self.ctrl.interval_s
         if nxt < self.end_s:
             self._push(nxt, EV_CTRL)
@@ -1208,6 +1364,7 @@ class Simulation:
                 if cap is not None:
                     n = min(n, cap * pool.per_node)  # the warm fleet only holds what the cloud had
             self._set_desired(pool, n)
+            pool.want_nodes = max(pool.spec.nodes_for(self.model, n), pool.spec.min_nodes) if pool.per_node > 0 else 0
             if not pool.onprem and pool.per_node > 0:
                 need = -(-n // pool.per_node)
                 for _ in range(need):
@@ -1223,6 +1380,7 @@ class Simulation:
             self._bill(pool)
             if pool.spot is not None and (pool.spot.trace is not None or pool.spot.unavailable_windows):
                 self._push(0.0, EV_CAP, pool)
+        self.controller = self.ctrl.controller(self)
         self._push(0.0, EV_SCRAPE)
         self._push(self.ctrl.interval_s, EV_CTRL)
         self._push(0.0, EV_RECORD)
@@ -1417,6 +1575,6 @@ class Simulation:
         return s, timeline
 
 
-def simulate(setup: SimSetup, controller: Controller) -> RunResult:
-    """Run ``controller`` on ``setup`` once."""
-    return Simulation(setup, controller).run()
+def simulate(setup: SimSetup, autoscaler: Autoscaler) -> RunResult:
+    """Run ``autoscaler`` on ``setup`` once."""
+    return Simulation(setup, autoscaler).run()
