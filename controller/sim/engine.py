@@ -2,12 +2,14 @@
 
 What the world does, in the order a replica lives through it:
 
-- A controller (tidegate's ``decide``, or a baseline) sets the desired replicas of each pool at its
-  own interval. Pods are created Pending and bound to ready nodes with free GPUs (TP GPUs per pod,
+- A controller sets the desired replicas of each pool at its own interval: the daemon's
+  ``controller.controller.Controller`` over this module's providers (``SimClock``, ``SimMetrics``,
+  one ``SimPool`` per pool, a ``MemoryRecorder``), deciding with tidegate's ``decide`` or with a
+  baseline's decision function (``Baseline``). Pods are created Pending and bound to ready nodes with free GPUs (TP GPUs per pod,
   never across nodes, fullest node first); a bound pod becomes ready ``cold_start_s`` later.
 - Nodes: on-prem pools own ``max_nodes`` nodes from the start. Cloud nodes are ordered either by
-  the controller itself (``node_mode = "direct"``: tidegate and SkyServe resize node groups and
-  release empty nodes at once) or by an emulated Kubernetes cluster-autoscaler (``"autoscaler"``:
+  the controller itself (``node_mode = "direct"``: tidegate and SkyServe resize node groups to
+  the nodes the controller's ``scale`` asks for and release empty nodes at once) or by an emulated Kubernetes cluster-autoscaler (``"autoscaler"``:
   every ``ca_scan_interval_s`` it orders nodes for Pending pods and removes nodes empty for
   ``ca_unneeded_s``, the cluster-autoscaler defaults 10 s and 10 min). A node is schedulable
   ``provisioning_delay_s`` after it is ordered; on spot, the order fails while the spot model
@@ -462,6 +464,7 @@ class Simulation:
         self.obs_version = -1
         self.obs_cache: tuple[dict[str, PoolState], dict[str, int], dict[str, int], dict[str, int]] | None = None
         self.obs_expiry = INF
+        self.obs_at_s = -INF
         self.applied_version = -1
         self.scrape_samples: dict[str, Sample] = {}
         self.killed_requests = 0
@@ -1181,7 +1184,8 @@ class Simulation:
                                for k, v in s.items()}
         self._push(now + self.opt.scrape_interval_s, EV_SCRAPE)
 
-    def _pool_state(self, pool: _Pool, at: datetime) -> PoolState:
+    def _pool_state(self, pool: _Pool, at: datetime) -> tuple[PoolState, int]:
+        """The pool's state as its provider reports it, and its Pending pods."""
         now = self.now
         w = self.opt.interruption_window_s
         while pool.notices and pool.notices[0] < now - w:
@@ -1192,25 +1196,40 @@ class Simulation:
             if cap is None or cap > live:
                 pool.blocked = False
                 self.version += 1
-        ready = sum(1 for p in pool.pods if p.state == P_READY)
-        noticed = sum(1 for p in pool.pods if p.state in (P_PENDING, P_STARTING, P_READY) and p.node is not None and p.node.noticed)
+        ready = noticed = pending = 0
+        for p in pool.pods:  # one pass: this runs at every tick while a spot pool is blocked
+            state = p.state
+            if state == P_READY:
+                ready += 1
+            elif state == P_PENDING:
+                pending += 1
+            elif state != P_STARTING:
+                continue
+            node = p.node
+            if node is not None and node.noticed:
+                noticed += 1
         nodes = sum(1 for n in pool.nodes if n.state != N_GONE)
         return PoolState(
             pool=pool.name, replicas=pool.desired, ready_replicas=ready, nodes=nodes,
             available=not pool.blocked, unavailable_reason=pool.blocked_reason if pool.blocked else None,
-            interrupted_replicas=noticed, recent_interruptions=len(pool.notices), price_per_node_hour_usd=None, at=at)
+            interrupted_replicas=noticed, recent_interruptions=len(pool.notices), price_per_node_hour_usd=None,
+            at=at), pending
 
     def _pool_views(self, at: datetime) -> tuple[dict[str, PoolState], dict[str, int], dict[str, int], dict[str, int]]:
         """Pool states and counts, recomputed only when the fleet changed (or a recent
         interruption ages out of its window, or a pool is blocked: both depend on time)."""
         now = self.now
-        if (self.obs_cache is not None and self.obs_version == self.version and now < self.obs_expiry
-                and not any(p.blocked for p in self.pools.values())):
+        if self.obs_cache is not None and self.obs_version == self.version and (
+                now == self.obs_at_s  # one tick asks once per pool: the same instant, the same views
+                or (now < self.obs_expiry and not any(p.blocked for p in self.pools.values()))):
             return self.obs_cache
-        pools = {name: self._pool_state(p, at) for name, p in self.pools.items()}
+        self.obs_at_s = now
+        pools: dict[str, PoolState] = {}
+        pending: dict[str, int] = {}
+        for name, p in self.pools.items():
+            pools[name], pending[name] = self._pool_state(p, at)
         w = self.opt.interruption_window_s
         self.obs_expiry = min((p.notices[0] + w for p in self.pools.values() if p.notices), default=INF)
-        pending = {n: sum(1 for q in p.pods if q.state == P_PENDING) for n, p in self.pools.items()}
         ready = {n: st.ready_replicas or 0 for n, st in pools.items()}
         desired = {n: p.desired for n, p in self.pools.items()}
         self.obs_cache = (pools, pending, ready, desired)
