@@ -23,8 +23,10 @@ A tick, in order:
    logged with what it had already done (``partial``); in dry-run nothing is called.
 5. **Record**: the decision (with its signals) and its actions and outcome go to the recorder.
 
-The recorder has two writes per decision, ``decision`` (outcome ``pending``) and ``outcome``, so
-that a recorder can take the intent before anything is acted on, and batch a whole tick.
+The recorder has two writes per decision, ``decision`` (outcome ``pending``) and ``outcome``. Both
+happen after the model's provider calls today (the order the daemon has always had); the split is
+there so that the decision (the intent) can move before the calls, and a tick's writes can be
+batched, without changing the recorder's shape.
 """
 
 from __future__ import annotations

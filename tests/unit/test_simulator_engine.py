@@ -9,9 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controller.sim.baselines import BaselineSettings, TidegateController, make_controller
-from controller.sim.engine import simulate
+from controller.sim.engine import percentile, simulate
 from controller.sim.spot import SpotModel, SpotTrace
 from tests.unit import simulator_fixtures as F
 
@@ -180,3 +182,12 @@ def test_tidegate_in_the_simulator_holds_a_pools_min_nodes_as_the_daemon_does() 
     assert all(desired == 0 for desired in res.timeline["desired:gcp-spot"])
     held_h = (t[-1] - 5.0 - pools["gcp-spot"].provisioning_delay_s) / 3600.0
     assert res.summary["cost_by_pool_usd"]["gcp-spot"] >= 7.5 * held_h
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(min_value=0.0, max_value=1e6, allow_nan=False), min_size=1, max_size=400),
+       st.sampled_from([50.0, 90.0, 99.0, 99.9, 0.0, 100.0]))
+def test_percentile_is_numpys_bit_for_bit(values: list[float], q: float) -> None:
+    # the simulator's p99s (scraped latency signal, timeline, summary) must not move by a bit
+    arr = np.asarray(values, dtype=np.float64)
+    assert percentile(arr, q) == float(np.percentile(arr, q))
