@@ -51,8 +51,9 @@ from controller.core.model import (
 from controller.core.pipeline import decide as pipeline_decide
 from controller.core.policy import EffectivePolicy
 from controller.core.reasons import Reason
+from controller.errors import ProviderError
 from controller.logs import log
-from controller.protocols import Clock, MetricsSource, PoolProvider, PriceSource, ProviderError
+from controller.protocols import Clock, MetricsSource, PoolProvider, PriceSource
 from providers.cost import OnPremCost, with_cost
 
 logger = logging.getLogger("tidegate.controller")
@@ -324,7 +325,7 @@ class Controller:
             except ProviderError as e:
                 # A scale that failed part-way may already have changed something (nodes ordered,
                 # then the replica patch failed): the calls it made ride on the error (see
-                # providers.cloudpool.actions_of) and go to the log before the failure row.
+                # providers.base.actions_of) and go to the log before the failure row.
                 actions.extend(getattr(e, "actions", ()))
                 status = ActionStatus.FAILED_TRANSIENT if e.retryable else ActionStatus.FAILED_PERMANENT
                 actions.append(Action(provider=type(provider).__name__, call="scale", pool=pool_name,

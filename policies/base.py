@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from controller.core.model import ModelSignals, ModelSpec, Recommendation, ReplicaCapacity
 from controller.core.reasons import Reason
+from controller.errors import UnknownPolicyKind  # re-exported: raised here
 
 ENTRY_POINT_GROUP = "tidegate.policies"
 
@@ -67,12 +68,12 @@ class PolicyContext:
 
     def fresh(self, name: str) -> float | None:
         """A signal's value if present, finite and fresh enough, else ``None``."""
-        sample = getattr(self.signals, name)
+        sample = self.signals.sample(name)
         return sample.fresh(self.now, self.max_signal_age_s)
 
     def missing_reason(self, name: str) -> tuple[str, str]:
         """(``MetricMissing`` or ``MetricStale``, message) for a signal ``fresh`` refused."""
-        sample = getattr(self.signals, name)
+        sample = self.signals.sample(name)
         if sample.value is None or not math.isfinite(sample.value):
             why = sample.reason or ("NaN" if sample.value is not None else "no data")
             return Reason.METRIC_MISSING.value, f"{name} is missing ({why})"
@@ -102,16 +103,6 @@ class PolicyKind:
             rule=self.rule, kind=self.name, replicas=None, reason=code, message=message,
             missing_data=True,
         )
-
-
-class UnknownPolicyKind(KeyError):
-    def __init__(self, kind: str, known: Iterable[str]) -> None:
-        super().__init__(kind)
-        self.kind = kind
-        self.known = sorted(known)
-
-    def __str__(self) -> str:
-        return f"unknown policy kind {self.kind!r} (known: {', '.join(self.known)})"
 
 
 class Registry:

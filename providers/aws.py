@@ -30,8 +30,8 @@ import botocore.exceptions
 from botocore.config import Config
 
 from controller.core.model import PoolSpec
-from controller.protocols import PermanentProviderError, ProviderError, TransientProviderError
-from providers.cloudpool import (
+from controller.errors import PermanentProviderError, ProviderError, TransientProviderError
+from providers.base import (
     GroupInstance, GroupState, Notice, NoticeKind, RetryPolicy, retry_transient,
 )
 

@@ -25,8 +25,8 @@ from typing import Any, Callable, Mapping, Sequence
 from google.api_core import exceptions as gexc
 
 from controller.core.model import PoolSpec
-from controller.protocols import PermanentProviderError, ProviderError, TransientProviderError
-from providers.cloudpool import GroupInstance, GroupState, Notice, NoticeKind, RetryPolicy, retry_transient
+from controller.errors import PermanentProviderError, ProviderError, TransientProviderError
+from providers.base import GroupInstance, GroupState, Notice, NoticeKind, RetryPolicy, retry_transient
 
 PROVIDER = "gcp"
 CALL_RESIZE = "resize"

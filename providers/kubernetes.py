@@ -35,8 +35,8 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from controller.core.model import Action, ActionStatus, ModelSpec, PoolSpec, PoolState
-from controller.protocols import PermanentProviderError, ProviderError, TransientProviderError
-from providers.cloudpool import (
+from controller.errors import ConflictError, PermanentProviderError, ProviderError, TransientProviderError
+from providers.base import (
     ActionLog, Notice, NoticeKind, RetryPolicy, UnavailableMarks, retry_transient, unavailable_reason,
 )
 
@@ -112,10 +112,6 @@ class Deployment:
     namespace: str
     name: str
     label_selector: str | None = None
-
-
-class ConflictError(TransientProviderError):
-    """409 from the API server: the object changed since it was read; re-read and retry."""
 
 
 # --- label selectors ---------------------------------------------------------------------------

@@ -66,6 +66,7 @@ from controller.core.model import (
     Sample,
 )
 from controller.core.policy import EffectivePolicy
+from controller.core.signals import model_signal_names
 from controller.sim.service import (
     TAIL_U,
     TAIL_W,
@@ -1255,15 +1256,7 @@ class Simulation:
         at = self._dt(self.now)
         samples = self.scrape_samples
         missing = _NOT_SCRAPED
-        return ModelSignals(
-            model=self.model.name, at=at,
-            queue_depth=samples.get("queue_depth", missing), p99_latency_ms=samples.get("p99_latency_ms", missing),
-            gpu_utilization_pct=samples.get("gpu_utilization_pct", missing),
-            request_rate_per_s=samples.get("request_rate_per_s", missing),
-            output_tokens_per_s=samples.get("output_tokens_per_s", missing),
-            input_tokens_per_s=samples.get("input_tokens_per_s", missing),
-            kv_cache_utilization_pct=samples.get("kv_cache_utilization_pct", missing),
-            cost_per_million_tokens_usd=samples.get("cost_per_million_tokens_usd", missing))
+        return ModelSignals(self.model.name, at, samples={n: samples.get(n, missing) for n in model_signal_names()})
 
     def observation(self, signals: ModelSignals) -> Observation:
         """What a baseline sees: the controller's observed ``signals`` and the counts a load
