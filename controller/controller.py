@@ -220,8 +220,8 @@ class Controller:
         for name, model in self.models.items():
             sig = raw.get(name) or ModelSignals(model=name, at=now)
             states = {pool_name: self._pool_state(model, pool_name, prices, now) for pool_name in model.pools}
-            degraded = degraded_all.get(name)
-            sig = replace(sig, pools=states, degraded=degraded or sig.degraded)
+            sig = ModelSignals(sig.model, sig.at, samples=sig.samples, pools=states,
+                               degraded=degraded_all.get(name) or sig.degraded)
             if sig.cost_per_million_tokens_usd.value is None:
                 # Prometheus knows tokens, providers know nodes and prices: cost per token needs both.
                 sig = self._with_cost(sig, model, now)

@@ -481,7 +481,8 @@ class Simulation:
         self.obs_expiry = INF
         self.obs_at_s = -INF
         self.applied_version = -1
-        self.scrape_samples: dict[str, Sample] = {}
+        self.scrape_samples: dict[str, Sample] = dict.fromkeys(model_signal_names(), _NOT_SCRAPED)
+        """Every signal of the table: the last scrape's sample, or ``NotScrapedYet``."""
         self.killed_requests = 0
         self.mode = self._pick_mode()
         # workload as requests or flows
@@ -1195,8 +1196,8 @@ class Simulation:
         self.scrape = s
         self.scrape_at = now
         at = self._dt(now)
-        self.scrape_samples = {k: (Sample(float(v), at) if v is not None else Sample(None, at, "NoData"))
-                               for k, v in s.items()}
+        samples = {k: (Sample(float(v), at) if v is not None else Sample(None, at, "NoData")) for k, v in s.items()}
+        self.scrape_samples = {n: samples.get(n, _NOT_SCRAPED) for n in model_signal_names()}
         self._push(now + self.opt.scrape_interval_s, EV_SCRAPE)
 
     def _pool_state(self, pool: _Pool, at: datetime) -> tuple[PoolState, int]:
@@ -1237,6 +1238,7 @@ class Simulation:
         if self.obs_cache is not None and self.obs_version == self.version and (
                 now == self.obs_at_s  # one tick asks once per pool: the same instant, the same views
                 or (now < self.obs_expiry and not any(p.blocked for p in self.pools.values()))):
+            self.obs_at_s = now
             return self.obs_cache
         self.obs_at_s = now
         pools: dict[str, PoolState] = {}
@@ -1253,10 +1255,7 @@ class Simulation:
 
     def signals(self) -> ModelSignals:
         """The last scrape's samples as a metrics source returns them (no pool states)."""
-        at = self._dt(self.now)
-        samples = self.scrape_samples
-        missing = _NOT_SCRAPED
-        return ModelSignals(self.model.name, at, samples={n: samples.get(n, missing) for n in model_signal_names()})
+        return ModelSignals(self.model.name, self._dt(self.now), samples=self.scrape_samples)
 
     def observation(self, signals: ModelSignals) -> Observation:
         """What a baseline sees: the controller's observed ``signals`` and the counts a load
