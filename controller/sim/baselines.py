@@ -1,12 +1,14 @@
 """The controllers a simulation compares: tidegate itself, and what people use today.
 
-Every controller returns desired replicas per pool at its own interval, from what it can see (the
-last Prometheus scrape and the live pool states, ``engine.Observation``), and is run on the same
-fleet, spot behaviour and service model. Each baseline is an emulation of the published algorithm
-with its published defaults, cited next to it, not a straw man:
+Every one runs as the daemon's ``controller.controller.Controller`` over the simulation's providers,
+at its own interval, on the same fleet, spot behaviour and service model. tidegate decides with
+``controller.core.pipeline.decide``; a baseline (``engine.Baseline``) with its own decision
+function, which returns desired replicas per pool from what it can see (the last Prometheus scrape
+and the live pool states, ``engine.Observation``). Each baseline is an emulation of the published
+algorithm with its published defaults, cited next to it, not a straw man:
 
-``tidegate``        ``controller.core.pipeline.decide`` exactly as the daemon calls it (the policy
-                    file's rules, stabilization, rate limits, bounds, placement, budget), every
+``tidegate``        the daemon's tick exactly (the policy file's rules, stabilization, rate limits,
+                    bounds, placement, budget; node sums, make before break), every
                     ``loop.interval_s``; it resizes node groups itself (``node_mode="direct"``).
 ``all-on-demand``   the same, restricted to the on-demand pools: the savings reference.
 ``hpa``             Kubernetes HPA v2 (``autoscaling/v2``) on GPU utilization, target 70 %:
