@@ -35,7 +35,7 @@ class KubernetesPool(_Strict):
 class PoolConfig(_Strict):
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="Pool name (DNS-1123 label), used in policies, overrides, metrics and the API.")
     tier: Tier | None = Field(None, description="The capacity the pool holds: onprem (nodes that exist and are paid for), spot (reclaimable cloud capacity) or ondemand (cloud capacity at list price). Placement fills onprem first, then spot, then ondemand. Required unless the older `kind` is given.")
-    provider: str | None = Field(None, description="Who holds the pool's nodes: an installed pool provider (onprem, aws, gcp; `tidegate config schema` lists them under the tidegate.providers entry points). Default: onprem for tier onprem; required otherwise.")
+    provider: str | None = Field(None, description="Who holds the pool's nodes: an installed pool provider (built in: onprem, aws, gcp; a package adds one through the tidegate.providers entry point group). Default: onprem for tier onprem; required otherwise.")
     kind: str | None = Field(None, description="Older spelling of tier plus provider, still read: onprem, or PROVIDER-spot / PROVIDER-ondemand (e.g. aws-spot is tier spot from provider aws). Give either kind or tier.")
     gpu_type: str = Field(description="GPU type of the pool's nodes (e.g. A100-80GB, L4, H100); must be one the model bundle has engines for.")
     gpus_per_node: int = Field(gt=0, description="GPUs per node; a replica of TP GPUs never spans nodes.")
@@ -209,7 +209,7 @@ class DaemonConfig(_Strict):
             if problem:
                 raise ValueError(problem)
             kind = registry.get(spec.provider)
-            if real and kind.PoolSettings is not None and getattr(p, spec.provider, None) is None:
+            if real and kind.PoolSettings is not None and not isinstance(getattr(p, spec.provider, None), kind.PoolSettings):
                 raise ValueError(f"pool {p.name!r} has provider {spec.provider} but no {spec.provider} section")
         if isinstance(self.providers, RealProviders):  # settings that name pools or models
             problems = self.providers.settings.cross_check(

@@ -87,7 +87,7 @@ class KubernetesSettings(BaseModel):
     gpu_resource: str = Field("nvidia.com/gpu", description="Extended resource name of the GPUs in node allocatable.")
     request_timeout_s: float = Field(5.0, gt=0, description="Timeout of one API request, seconds.")
     extra_interruption_taints: dict[str, NoticeKind] = Field(default_factory=dict, description="Taint keys that announce a node's loss (interruption or rebalance), added to the built-in ones (aws-node-termination-handler, GKE impending termination, shutdown, out-of-service).")
-    interruption_condition_types: tuple[str, ...] = Field((), description="Node condition types that, when True, announce the node's loss (e.g. a node-problem-detector TerminationScheduled).")
+    interruption_condition_types: list[str] = Field(default_factory=list, description="Node condition types that, when True, announce the node's loss (e.g. a node-problem-detector TerminationScheduled).")
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Backoff for transient API errors and scale conflicts (409).")
 
     @model_validator(mode="after")

@@ -238,7 +238,7 @@ def build_real_pools(
     for provider, pcs in by_provider.items():
         kind = reg.get(provider)
         if kind.PoolSettings is not None:
-            missing = [pc.name for pc in pcs if getattr(pc, provider, None) is None]
+            missing = [pc.name for pc in pcs if not isinstance(getattr(pc, provider, None), kind.PoolSettings)]
             if missing:
                 raise ValueError(f"pools {missing} have provider {provider} but no {provider} section")
         built = kind.build(pcs, BuildContext(settings.provider_settings(provider), kube, dry,
