@@ -144,6 +144,9 @@ class ProviderRegistry:
 
     def problem(self, pool: str, provider: str, tier: Tier) -> str | None:
         """Why pool ``pool`` cannot be ``tier`` capacity from ``provider`` (``None``: it can)."""
+        if not self._kinds:
+            return (f"pool {pool!r} names provider {provider!r}, but no pool provider is installed (entry point group "
+                    f"{ENTRY_POINT_GROUP}): reinstall tidegate (pip install -e .) so its built-in providers register")
         if provider not in self._kinds:
             return f"pool {pool!r} names provider {provider!r}, which is not installed (installed: {', '.join(self.names())})"
         tiers = self._kinds[provider].tiers
