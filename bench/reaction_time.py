@@ -63,7 +63,7 @@ from controller.core.pipeline import decide as pipeline_decide  # noqa: E402
 from controller.core.policy import EffectivePolicy  # noqa: E402
 from controller.policyfile import load_policy_files  # noqa: E402
 from policies.base import Registry  # noqa: E402
-from providers.exporters import (  # noqa: E402
+from tests.integration.exporters import (  # noqa: E402
     LoadModel,
     LocalPrometheus,
     ScrapeTarget,

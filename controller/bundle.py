@@ -38,12 +38,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tritonclient.grpc import model_config_pb2
 
 from controller.config import DaemonConfig, ModelConfig
+from controller.errors import BundleError  # re-exported: raised here
 
 TENSORRT_LLM_BACKEND = "tensorrtllm"
-
-
-class BundleError(ValueError):
-    """A bundle manifest or model repository that tidegate must not run with."""
 
 
 class _Strict(BaseModel):

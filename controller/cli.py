@@ -161,6 +161,13 @@ def cmd_decisions(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(argv: Sequence[str]) -> int:
+    from controller.sim import missing_extras
+
+    missing = missing_extras()
+    if missing:  # the daemon's install leaves the simulator's libraries out
+        print(f"tidegate: error: tidegate simulate needs {', '.join(missing)}, which this install lacks; "
+              f"install the simulator's extra: pip install 'tidegate[sim]'", file=sys.stderr)
+        return 2
     from controller.sim.cli import simulate_main
 
     return simulate_main(list(argv))

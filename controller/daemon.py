@@ -257,7 +257,7 @@ class Daemon:
             except ProviderError as e:
                 # A scale that failed part-way may already have changed something (nodes ordered,
                 # then the replica patch failed): the calls it made ride on the error (see
-                # providers.cloudpool.actions_of) and go to the log before the failure row.
+                # providers.base.actions_of) and go to the log before the failure row.
                 actions.extend(getattr(e, "actions", ()))
                 status = ActionStatus.FAILED_TRANSIENT if e.retryable else ActionStatus.FAILED_PERMANENT
                 actions.append(Action(provider=type(provider).__name__, call="scale", pool=pool_name,

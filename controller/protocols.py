@@ -17,24 +17,7 @@ from datetime import datetime
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from controller.core.model import Action, ModelSignals, ModelSpec, PoolSpec, PoolState
-
-
-class ProviderError(Exception):
-    """Base of every error a provider raises."""
-
-    retryable: bool = False
-
-
-class TransientProviderError(ProviderError):
-    """Throttling, 5xx, timeouts, 409 conflicts: try again (with backoff and jitter)."""
-
-    retryable = True
-
-
-class PermanentProviderError(ProviderError):
-    """Bad configuration, 404 for a configured object, permission denied: surface, do not retry."""
-
-    retryable = False
+from controller.errors import PermanentProviderError, ProviderError, TransientProviderError  # re-exported
 
 
 @runtime_checkable

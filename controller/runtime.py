@@ -25,24 +25,12 @@ from controller.daemon import Daemon
 from controller.db.migrate import upgrade
 from controller.db.preflight import connect_problem, database_errors, url_problem
 from controller.db.repo import Repository
-from controller.errors import UserError
+from controller.errors import AddressUnavailable, ConfigError  # re-exported: raised here
 from controller.metrics import DaemonMetrics
 from controller.protocols import Clock
 from policies.base import Registry
 
 logger = logging.getLogger("tidegate.runtime")
-
-
-class ConfigError(UserError):
-    """A config file that cannot be used, with every problem listed (one per line)."""
-
-
-class AddressUnavailable(UserError):
-    """The admin API cannot listen on its address (taken, or not an address of this host)."""
-
-    def __init__(self, message: str, *, in_use: bool) -> None:
-        super().__init__(message)
-        self.in_use = in_use
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -300,7 +288,7 @@ def build_runtime(cfg: DaemonConfig, *, clock: Clock | None = None, dry_run: boo
         extras["sim"] = sim
         api_client = kube.api_client
     else:
-        from providers.real import build_real_providers
+        from providers.wiring import build_real_providers
 
         clock = clock or SystemClock()
         try:

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from controller.core.model import ModelSignals, ModelSpec, Recommendation, ReplicaCapacity
 from controller.core.reasons import Reason
+from controller.errors import UnknownPolicyKind  # re-exported: raised here
 
 ENTRY_POINT_GROUP = "tidegate.policies"
 
@@ -102,16 +103,6 @@ class PolicyKind:
             rule=self.rule, kind=self.name, replicas=None, reason=code, message=message,
             missing_data=True,
         )
-
-
-class UnknownPolicyKind(KeyError):
-    def __init__(self, kind: str, known: Iterable[str]) -> None:
-        super().__init__(kind)
-        self.kind = kind
-        self.known = sorted(known)
-
-    def __str__(self) -> str:
-        return f"unknown policy kind {self.kind!r} (known: {', '.join(self.known)})"
 
 
 class Registry:

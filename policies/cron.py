@@ -1,9 +1,17 @@
 """A small 5-field cron parser and a fast "most recent fire time" search, for schedule windows.
 
-Why our own: ``croniter`` does not install here, and the ``schedule`` policy kind needs only one
-question answered, every tick and millions of times in the simulator: *did this expression fire
-within the last ``duration`` before ``now``?* That is answered by one backward search from ``now``
-(``CronExpr.last_fire``) that skips whole days and months, never a minute-by-minute scan.
+Why our own rather than ``croniter`` (which installs fine): the ``schedule`` policy kind needs
+only one question answered, every tick and millions of times in the simulator: *did this
+expression fire within the last ``duration`` before ``now``?* That is answered by one backward
+search from ``now`` (``CronExpr.last_fire``) that skips whole days and months, never a
+minute-by-minute scan. Measured against croniter 7.0.0 by ``python bench/cron_parser.py`` (1,000
+expressions, seed 0, one machine): parsing 10.6x faster (13.8 against 146.9 microseconds), the
+previous fire 13.3x faster (4.2 against 56.4 microseconds, croniter reusing one iterator), the
+next fire on par (49.5 against 51.0). On 10,000 (expression, instant) pairs, in UTC and in
+Europe/Berlin, the previous and next fires agree everywhere except on two constructs where croniter
+departs from Vixie cron and this parser does not: a range with equal bounds (``17-17``, which
+croniter reads as ``*``) and a day field that holds a ``*`` without being just ``*`` (``*/2``,
+``1,*/8``), where croniter picks "both day fields" or "either" otherwise than Vixie's rule below.
 
 Syntax (``man 5 crontab``): ``minute hour day-of-month month day-of-week``; each field is ``*`` or a
 comma list of ``N``, ``N-M``, ``*/S``, ``N-M/S`` or ``N/S`` (``N`` to the field's maximum, step
@@ -12,7 +20,8 @@ day-of-week ``0`` and ``7`` are both Sunday. The macros ``@yearly``, ``@annually
 ``@weekly``, ``@daily``, ``@midnight`` and ``@hourly`` are accepted.
 
 Day matching follows Vixie cron: when both day-of-month and day-of-week are restricted (their field
-does not start with ``*``) a day matches if *either* matches; otherwise both must.
+does not start with ``*``; only the first character counts, as in Vixie's ``entry.c``) a day
+matches if *either* matches; otherwise both must.
 
 Time zones: an expression is evaluated on the wall clock of a zone (``zoneinfo``). A wall time that
 is skipped by a daylight-saving jump fires at the jump (the first instant after the gap); a wall
@@ -29,6 +38,8 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone, tzinfo
 from functools import lru_cache
+
+from controller.errors import CronError  # re-exported: raised here
 
 __all__ = ["CronError", "CronExpr", "parse_cron", "to_instant"]
 
@@ -60,10 +71,6 @@ _FIELDS: tuple[tuple[str, int, int, dict[str, int] | None], ...] = (
 _MAX_SEARCH = timedelta(days=366 * 30)
 _ONE_DAY = timedelta(days=1)
 _ONE_MINUTE = timedelta(minutes=1)
-
-
-class CronError(ValueError):
-    """A cron expression that cannot be parsed or can never fire; the message says where."""
 
 
 @dataclass(frozen=True, slots=True)

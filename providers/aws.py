@@ -32,8 +32,8 @@ from botocore.config import Config
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.core.model import PoolSpec, Tier
-from controller.protocols import PermanentProviderError, ProviderError, TransientProviderError
-from providers.cloudpool import (
+from controller.errors import PermanentProviderError, ProviderError, TransientProviderError
+from providers.base import (
     GroupInstance, GroupState, Notice, NoticeKind, RetryPolicy, retry_transient,
 )
 from providers.registry import BuildContext, PoolProviderKind, ProviderParts

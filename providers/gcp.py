@@ -25,8 +25,8 @@ from google.api_core import exceptions as gexc
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.core.model import PoolSpec, Tier
-from controller.protocols import PermanentProviderError, ProviderError, TransientProviderError
-from providers.cloudpool import GroupInstance, GroupState, Notice, NoticeKind, RetryPolicy, retry_transient
+from controller.errors import PermanentProviderError, ProviderError, TransientProviderError
+from providers.base import GroupInstance, GroupState, Notice, NoticeKind, RetryPolicy, retry_transient
 from providers.registry import BuildContext, PoolProviderKind, ProviderParts
 
 PROVIDER = "gcp"

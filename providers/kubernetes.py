@@ -37,8 +37,8 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.core.model import Action, ActionStatus, ModelSpec, PoolSpec, PoolState, Tier
-from controller.protocols import PermanentProviderError, ProviderError, TransientProviderError
-from providers.cloudpool import (
+from controller.errors import ConflictError, PermanentProviderError, ProviderError, TransientProviderError
+from providers.base import (
     ActionLog, Notice, NoticeKind, RetryPolicy, UnavailableMarks, retry_transient, unavailable_reason,
 )
 from providers.registry import PoolProviderKind
@@ -134,10 +134,6 @@ class Deployment:
     namespace: str
     name: str
     label_selector: str | None = None
-
-
-class ConflictError(TransientProviderError):
-    """409 from the API server: the object changed since it was read; re-read and retry."""
 
 
 # --- label selectors ---------------------------------------------------------------------------

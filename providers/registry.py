@@ -19,16 +19,12 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 from pydantic import BaseModel
 
 from controller.core.model import Tier
-
-if TYPE_CHECKING:
-    from controller.protocols import PriceSource
-    from providers.cloudpool import NodeGroup
-    from providers.kubernetes import KubernetesPoolProvider
+from controller.errors import UnknownProvider  # re-exported: raised here
 
 ENTRY_POINT_GROUP = "tidegate.providers"
 
@@ -42,8 +38,9 @@ class BuildContext:
 
     settings: Any
     """This provider's own settings section (an instance of its ``Settings``), or ``None``."""
-    kube: Callable[[Any], "KubernetesPoolProvider"]
-    """The Kubernetes side of a pool (its Deployments and nodes), given the pool's config."""
+    kube: Callable[[Any], Any]
+    """The Kubernetes side of a pool (a ``providers.kubernetes.KubernetesPoolProvider``: its
+    Deployments and nodes), given the pool's config."""
     dry_run: bool
     clock: Any
     """The daemon's clock (``now()``), for periodic jobs."""
@@ -56,9 +53,10 @@ class BuildContext:
 class ProviderParts:
     """What a provider kind's ``build`` returns for the pools that name it."""
 
-    groups: dict[str, "NodeGroup"] = field(default_factory=dict)
-    """Node group per pool name; a pool without one is its Kubernetes side alone."""
-    prices: "PriceSource | None" = None
+    groups: dict[str, Any] = field(default_factory=dict)
+    """Node group (``providers.base.NodeGroup``) per pool name; a pool without one is its
+    Kubernetes side alone."""
+    prices: Any = None
     """Live prices of its pools (a ``PriceSource``); ``None``: their static prices."""
     jobs: list[Job] = field(default_factory=list)
     """Periodic work for the daemon's scheduler (e.g. refreshing live spot prices)."""
@@ -91,16 +89,6 @@ class PoolProviderKind:
         """Node groups and prices for ``pools`` (``controller.config.PoolConfig`` values naming
         this provider). Makes no network call: the first tick is the first observation."""
         return ProviderParts()
-
-
-class UnknownProvider(KeyError):
-    def __init__(self, name: str, known: Iterable[str]) -> None:
-        super().__init__(name)
-        self.name = name
-        self.known = sorted(known)
-
-    def __str__(self) -> str:
-        return f"unknown pool provider {self.name!r} (installed: {', '.join(self.known)})"
 
 
 class ProviderRegistry:

@@ -17,11 +17,9 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from controller.errors import SchemaNotCurrentError  # re-exported: raised here
+
 __all__ = ["SchemaNotCurrentError", "alembic_config", "upgrade", "downgrade", "current_revision", "head_revision", "check"]
-
-
-class SchemaNotCurrentError(RuntimeError):
-    """The database is not at the newest migration: run ``tidegate db upgrade``."""
 
 
 def _script_location() -> str:

@@ -19,16 +19,12 @@ import sqlalchemy as sa
 
 from controller.db.migrate import current_revision, head_revision
 from controller.db.repo import Repository, make_engine
-from controller.errors import UserError
+from controller.errors import DatabaseError  # re-exported: raised here
 
 __all__ = ["DatabaseError", "connect_problem", "database_errors", "open_log", "shown", "sqlite_file", "url_problem"]
 
 EXAMPLES = "sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DATABASE"
 """The URL forms tidegate supports (its migrations run on SQLite and PostgreSQL through psycopg 3)."""
-
-
-class DatabaseError(UserError):
-    """The decision log's database cannot be used; the message says why and what to do."""
 
 
 def shown(url: str) -> str:

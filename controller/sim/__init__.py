@@ -9,3 +9,23 @@ replicas per pool. The controller is either tidegate itself, running
 today (``baselines``). ``engine`` runs the event loop, ``report`` and ``plot`` turn a run into JSON,
 a table and a timeline, and ``cli.simulate_main`` is the command.
 """
+
+from __future__ import annotations
+
+import importlib
+
+EXTRA_MODULES = ("numpy", "matplotlib", "tqdm")
+"""What the simulator imports beyond the daemon's install: the ``sim`` extra of ``pyproject.toml``
+(``pip install 'tidegate[sim]'``). This package's ``__init__`` imports none of them, so the command
+line can ask :func:`missing_extras` before importing the simulator itself."""
+
+
+def missing_extras() -> list[str]:
+    """The modules of :data:`EXTRA_MODULES` that cannot be imported here, in that order."""
+    missing = []
+    for name in EXTRA_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing

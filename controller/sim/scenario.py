@@ -20,6 +20,7 @@ import yaml
 from controller.config import DaemonConfig, SimulatedProviders
 from controller.core.model import ModelSpec, PoolSpec
 from controller.core.policy import EffectivePolicy
+from controller.errors import ScenarioError  # re-exported: raised here
 from controller.sim.engine import DEFAULT_EPOCH, EngineOptions, SimSetup, SloTargets
 from controller.sim.service import ReplicaProfile, default_profile_path, load_profile
 from controller.sim.spot import DEFAULT_NOTICE_S, SpotModel, SpotTrace, load_spot_trace
@@ -42,10 +43,6 @@ DEFAULT_TTFT_MS = 2000.0
 DEFAULT_TPOT_MS = 100.0
 """SLO targets when the policy file states none: 2 s to first token, 100 ms per output token (at
 least 10 tokens/s per user, faster than reading)."""
-
-
-class ScenarioError(ValueError):
-    """A scenario input is missing or invalid (the message says which and why)."""
 
 
 def load_fleet(path: str | Path, model: str | None = None) -> tuple[DaemonConfig, ModelSpec, dict[str, PoolSpec]]:

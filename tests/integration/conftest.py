@@ -133,14 +133,14 @@ def pg_url(postgres_url: str) -> str:
     return postgres_url
 
 
-# --- metrics: a real Prometheus scraping loopback exporters (providers.exporters) -------------
+# --- metrics: a real Prometheus scraping loopback exporters (tests.integration.exporters) -------------
 # Owned by the metrics adapters (issue 3). One Prometheus per test session (its first data takes
 # ~6 s: Prometheus batches discovery updates every 5 s); tests give each model they add to the
 # shared exporters a unique name, so they never see each other's series.
 
 from dataclasses import dataclass as _dataclass  # noqa: E402
 
-from providers.exporters import (  # noqa: E402
+from tests.integration.exporters import (  # noqa: E402
     DcgmExporter,
     GpuState,
     LocalPrometheus,

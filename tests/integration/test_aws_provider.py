@@ -24,7 +24,8 @@ from providers.aws import (
     CALL_SET_DESIRED, CALL_TERMINATE, AwsInterruptionQueue, AwsNodeGroup, AwsSettings, AwsSpotPrices,
     SpotPriceTarget, capacity_failure, instance_id_from_provider_id, make_client, parse_event,
 )
-from providers.cloudpool import CloudPoolProvider, NoticeKind, RetryPolicy, actions_of
+from providers.base import NoticeKind, RetryPolicy, actions_of
+from providers.cloudpool import CloudPoolProvider
 from providers.kubernetes import CALL_SCALE, Deployment, KubernetesCluster, KubernetesPoolProvider, KubernetesSettings
 from tests.integration.peers import (
     AWS_REGION, AwsPeer, KubeControllers, KubePeer, asg_instances, aws_env, create_asg, ec2_error, query_error,

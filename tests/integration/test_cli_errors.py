@@ -26,7 +26,7 @@ from controller.cli import main
 from controller.core.model import ModelSpec, ReplicaCapacity
 from controller.db.models import DecisionRow
 from controller.demo import demo_config_path
-from providers.exporters import LocalPrometheus, free_port
+from tests.integration.exporters import LocalPrometheus, free_port
 from providers.prometheus import PrometheusSettings
 from tests.integration.conftest import prometheus_binary_or_skip
 from tests.integration.daemon_harness import make_harness  # noqa: F401 (fixture)
@@ -113,7 +113,8 @@ def test_sqlite_database_in_a_missing_folder(tmp_path: Path, command: str) -> No
 
 @pytest.mark.parametrize("url,needles", [
     ("sqlit:/x", ["'sqlit:/x'", "cannot be parsed", "sqlite:///PATH"]),
-    ("postgresql://tidegate@db:5432/log", ["'psycopg2'", "postgresql+psycopg://tidegate@db:5432/log"]),
+    # psycopg2 named explicitly (a bare postgresql:// means psycopg2 before SQLAlchemy 2.1, psycopg 3 after)
+    ("postgresql+psycopg2://tidegate@db:5432/log", ["'psycopg2'", "postgresql+psycopg://tidegate@db:5432/log"]),
     ("mysql://u@h/db", ["'mysql'", "not support"]),
 ])
 def test_malformed_database_url(tmp_path: Path, url: str, needles: list[str]) -> None:

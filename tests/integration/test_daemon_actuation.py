@@ -1,5 +1,5 @@
 """The daemon loop acting through the real adapters: ``build_runtime`` on a ``providers.type: real``
-config (``providers.real.build_real_providers``), ``Daemon.tick()`` on a manual clock, against
+config (``providers.wiring.build_real_providers``), ``Daemon.tick()`` on a manual clock, against
 kmock (Kubernetes), moto behind its recording proxy (Auto Scaling, EC2, SQS) and the local compute
 REST server (GCP managed instance groups), with a SQLite or PostgreSQL decision log.
 
@@ -60,7 +60,8 @@ from providers.clock import ManualClock
 from providers.gcp import CALL_DELETE_INSTANCES, CALL_RESIZE, GcpSettings
 from providers.kubernetes import CALL_DELETION_COST, CALL_SCALE, KubernetesCluster, KubernetesSettings
 from providers.leader import LeaderElectionSettings, build_elector, libpq_dsn
-from providers.real import RealSettings, build_real_providers, discover_triton_replicas
+from providers.real import RealSettings
+from providers.wiring import build_real_providers, discover_triton_replicas
 from tests.integration.gcp_server import GcpComputeServer
 from tests.integration.peers import (
     AWS_REGION, AwsPeer, KubeControllers, KubePeer, KubeRequest, asg_instances, aws_env, create_asg,

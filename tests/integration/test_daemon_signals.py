@@ -44,7 +44,7 @@ from controller.db.repo import Repository
 from controller.runtime import Runtime
 from policies.base import Registry
 from providers.clock import SystemClock
-from providers.exporters import DcgmExporter, GpuState, LocalPrometheus, PrometheusUnavailable, ScrapeTarget
+from tests.integration.exporters import DcgmExporter, GpuState, LocalPrometheus, PrometheusUnavailable, ScrapeTarget
 from providers.prometheus import PrometheusMetricsSource, PromQueries
 from providers.sim import build_simulated_providers
 from providers.triton import CombinedMetricsSource, TritonFallback, TritonReplica

@@ -5,7 +5,7 @@ target carries the exporter pod's own ``namespace`` and ``pod``), the exporter's
 signal, which joins DCGM to Triton on (namespace, pod), is there with it and missing without it.
 
 A real Prometheus scrapes a Triton and a DCGM exporter speaking their exact metric text
-(``providers.exporters``); the daemon's Prometheus source reads the signal."""
+(``tests.integration.exporters``); the daemon's Prometheus source reads the signal."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from controller.core.model import ModelSpec, ReplicaCapacity
-from providers.exporters import DcgmExporter, GpuState, LocalPrometheus, Ramp, ScrapeTarget, TritonExporter
+from tests.integration.exporters import DcgmExporter, GpuState, LocalPrometheus, Ramp, ScrapeTarget, TritonExporter
 from providers.prometheus import PrometheusMetricsSource, PromQueries
 from tests.integration.conftest import prometheus_binary_or_skip
 

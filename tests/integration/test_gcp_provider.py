@@ -14,7 +14,8 @@ from google.auth.credentials import AnonymousCredentials
 
 from controller.core.model import ActionStatus, Tier, PoolSpec
 from controller.protocols import PermanentProviderError, TransientProviderError
-from providers.cloudpool import CloudPoolProvider, CloudPoolSettings, NoticeKind
+from providers.base import NoticeKind
+from providers.cloudpool import CloudPoolProvider, CloudPoolSettings
 from providers.gcp import (
     CALL_DELETE_INSTANCES, CALL_RESIZE, GcpNodeGroup, GcpSettings, GcpSpotPrices, instance_name_from_provider_id,
     make_mig_client,

@@ -18,7 +18,7 @@ from kubernetes import client as k8s
 
 from controller.core.model import ActionStatus, ModelSpec, Tier, PoolSpec, ReplicaCapacity
 from controller.protocols import PermanentProviderError, TransientProviderError
-from providers.cloudpool import RetryPolicy, actions_of
+from providers.base import RetryPolicy, actions_of
 from providers.kubernetes import (
     CALL_DELETION_COST, CALL_SCALE, Deployment, KubernetesCluster, KubernetesPoolProvider, KubernetesSettings,
 )

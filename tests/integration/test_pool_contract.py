@@ -437,7 +437,8 @@ def test_dry_run_fleet_makes_zero_provider_calls(aws: AwsPeer, gcp: GcpComputeSe
 
 def test_real_pools_are_wired_from_the_daemon_config(aws: AwsPeer, gcp: GcpComputeServer, kube: KubePeer) -> None:
     from controller.config import DaemonConfig
-    from providers.real import RealSettings, build_real_pools
+    from providers.real import RealSettings
+    from providers.wiring import build_real_pools
 
     aws.reset()
     gcp.reset()

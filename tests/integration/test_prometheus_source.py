@@ -27,7 +27,7 @@ from cryptography.x509.oid import NameOID
 
 from controller.core.model import ModelSignals, ModelSpec, Tier, PoolSpec, PoolState, ReplicaCapacity
 from providers.cost import OnPremCost, pool_cost_per_hour_usd
-from providers.exporters import (
+from tests.integration.exporters import (
     Histogram,
     HistogramRamp,
     LocalPrometheus,

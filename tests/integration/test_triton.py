@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from controller.core.model import ModelSignals, ModelSpec, ReplicaCapacity
-from providers.exporters import LocalPrometheus, ScrapeTarget, free_port, ld_library_path_with_libpython
+from tests.integration.exporters import LocalPrometheus, ScrapeTarget, free_port, ld_library_path_with_libpython
 from providers.prometheus import PrometheusMetricsSource, PromQueries, reason_code
 from providers.triton import CombinedMetricsSource, TritonFallback, TritonReplica
 from tests.integration.conftest import prometheus_binary_or_skip

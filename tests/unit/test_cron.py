@@ -31,6 +31,8 @@ def utc(*args: int) -> datetime:
         ("10-30/10 * * * *", "minutes", (10, 20, 30)),
         ("50/4 * * * *", "minutes", (50, 54, 58)),
         ("0 */6 * * *", "hours", (0, 6, 12, 18)),
+        ("0 17-17 * * *", "hours", (17,)),  # equal bounds: that hour (croniter 7 reads it as '*')
+        ("0 17-17/3 * * *", "hours", (17,)),
         ("0 0 1,15 * *", "days_of_month", (1, 15)),
         ("0 0 * jan,JUL-sep *", "months", (1, 7, 8, 9)),
         ("0 0 * */4 *", "months", (1, 5, 9)),
@@ -98,6 +100,9 @@ def test_feb_29_is_valid_and_found_across_leap_years() -> None:
         ("0 0 */2 * fri", datetime(2024, 9, 13), True),  # odd day and Friday
         ("0 0 */2 * fri", datetime(2024, 9, 6), False),  # Friday but even day
         ("0 0 */2 * fri", datetime(2024, 9, 7), False),  # odd day, Saturday
+        # only the first character counts (Vixie's entry.c): '1,*/2' is restricted, so OR
+        ("0 0 1,*/2 * fri", datetime(2024, 9, 6), True),  # Friday but even day
+        ("0 0 1,*/2 * fri", datetime(2024, 9, 7), True),  # odd day, Saturday
         ("0 0 * * 0", datetime(2024, 9, 8), True),       # Sunday as 0
         ("0 0 * * 7", datetime(2024, 9, 8), True),       # Sunday as 7
         ("0 0 1 * *", datetime(2024, 9, 1), True),

@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from controller.core.model import Tier, PoolSpec
 from controller.protocols import PermanentProviderError, TransientProviderError
-from providers.cloudpool import NoticeKind, RetryPolicy, UnavailableMarks, retry_transient, unavailable_reason
+from providers.base import NoticeKind, RetryPolicy, UnavailableMarks, retry_transient, unavailable_reason
 from providers.kubernetes import (
     ConflictError, node_allocatable_gpus, node_notices, node_ready, node_schedulable, parse_selector,
     pod_unschedulable, pod_unschedulable_since, selector_from_label_selector, selector_from_labels,

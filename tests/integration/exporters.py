@@ -1,8 +1,8 @@
 """Loopback exporters that speak the exact metric text of Triton, the TensorRT-LLM backend and the
 DCGM exporter, plus a launcher for a real local Prometheus that scrapes them.
 
-Why this exists: tests, the demo and the reaction-time benchmark need a real Prometheus scraping
-real ``/metrics`` endpoints, but on a CPU-only machine Triton emits neither DCGM GPU metrics nor the
+Why this exists: the integration tests and the reaction-time benchmark (``bench/``) need a real
+Prometheus scraping real ``/metrics`` endpoints, but on a CPU-only machine Triton emits neither DCGM GPU metrics nor the
 TensorRT-LLM backend's ``nv_trt_llm_*`` / ``nv_llm_*`` families. These exporters serve those
 families with the same names, label sets, label order and types as the real exporters, so the
 PromQL in ``providers.prometheus`` is exercised against what production emits.
@@ -11,8 +11,11 @@ The exposition text is written here by hand on purpose: ``prometheus_client`` ap
 counters (and ``_created`` series), which Triton and DCGM do not, so a query written against it
 would not match production.
 
-Values are either set directly by tests (``exporter.set_model(...)``) or advanced by a small fluid
-queueing ``LoadModel`` on every scrape (demo and benchmark).
+Values are either set directly by tests (``exporter.set_model(...)``) or advanced on every scrape:
+at a known rate (``Ramp``, ``HistogramRamp``), or by a small fluid queueing ``LoadModel``
+(``bench/reaction_time.py --load model``). A test peer, not part of the installed package; the
+``LoadModel`` is a third load model beside the simulated worlds and is to be replaced by the one
+simulated world (issue 11).
 """
 
 from __future__ import annotations
