@@ -1,4 +1,4 @@
-"""AWS side of the aws-spot / aws-ondemand pools, through boto3.
+"""AWS side of the pools with ``provider: aws`` (spot or on-demand), through boto3.
 
 Why it exists: an AWS pool's nodes are an Auto Scaling group (spot through a MixedInstancesPolicy,
 or on-demand); tidegate sets its desired capacity in nodes (the core computes them from replicas x

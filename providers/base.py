@@ -248,7 +248,7 @@ class NodeGroup(Protocol):
     """The cloud half of a pool. Calls raise ``ProviderError`` subclasses only."""
 
     provider: str
-    """``aws`` or ``gcp``: the ``provider`` of its action rows."""
+    """The provider's name (``aws``, ``gcp``...): the ``provider`` of its action rows."""
     name: str
     set_call: str
     """Name of the resize call in action rows (``set_desired_capacity``, ``resize``)."""

@@ -20,7 +20,7 @@ Pool state: ``replicas`` is the Deployment's desired count, ``ready_replicas`` t
 cold start on ready nodes, ``nodes`` the node group's instances that exist (provisioning, ready or
 under an interruption notice: what is billed), ``interrupted_replicas`` the model's pods on noticed
 nodes, ``recent_interruptions`` the pool's notices in the last ``interruption_window_s``, and the
-price the live spot price (``None`` for other kinds: use the static price).
+price the live spot price (``None`` for other tiers: use the static price).
 
 Queueing model (per model, fluid, documented because policies are tuned against it):
 
