@@ -142,6 +142,63 @@ def replica_cap(model: ModelSpec, pools: Mapping[str, PoolSpec], *, policy_max_r
     return min(caps, key=lambda c: c[0])
 
 
+@dataclass(slots=True)
+class _Resolving:
+    """The effect being assembled, oldest override first (private, mutable, never returned)."""
+
+    freeze: Override | None = None
+    pin_total: Override | None = None
+    bounds: Override | None = None
+    frozen_pools: dict[str, Override] = field(default_factory=dict)
+    pin_pools: dict[str, Override] = field(default_factory=dict)
+    drained: dict[str, Override] = field(default_factory=dict)
+    ignored: list[tuple[Override, str]] = field(default_factory=list)
+
+    def apply(self, o: Override) -> None:
+        """Take ``o`` (valid for this model) over any older one of the same kind and scope."""
+        if o.kind is OverrideKind.FREEZE:
+            if o.pool is None:
+                self.freeze = o
+            else:
+                self.frozen_pools[o.pool] = o
+        elif o.kind is OverrideKind.PIN:
+            if o.pool is None:
+                self.pin_total = o
+            else:
+                self.pin_pools[o.pool] = o
+        elif o.kind is OverrideKind.BOUNDS:
+            self.bounds = o
+        elif o.kind is OverrideKind.DRAIN_POOL and o.pool is not None:
+            self.drained[o.pool] = o
+
+    def effect(self) -> OverrideEffect:
+        return OverrideEffect(
+            freeze=self.freeze, frozen_pools=self.frozen_pools, pin_total=self.pin_total, pin_pools=self.pin_pools,
+            bounds=self.bounds, drained=self.drained, ignored=tuple(self.ignored),
+        )
+
+
+def _why_ignored(o: Override, model: ModelSpec) -> str | None:
+    """Why override ``o`` cannot apply to ``model``, or ``None`` when it can."""
+    if o.pool is not None and o.pool not in model.pools:
+        return f"model {model.name} has no pool {o.pool}"
+    if o.kind is OverrideKind.PIN and (o.replicas is None or o.replicas < 0):
+        return "pin without a replica count"
+    if o.kind is OverrideKind.BOUNDS:
+        return _bounds_problem(o)
+    if o.kind is OverrideKind.DRAIN_POOL and o.pool is None:
+        return "drain-pool without a pool"
+    return None
+
+
+def _bounds_problem(o: Override) -> str | None:
+    if o.pool is not None:
+        return "bounds apply to the model total, not to one pool"
+    if o.min_replicas is None and o.max_replicas is None:
+        return "bounds without min_replicas or max_replicas"
+    return None
+
+
 def resolve(overrides: Sequence[Override], *, model: ModelSpec, now: datetime) -> OverrideEffect:
     """The effect of the overrides that are active at ``now`` for ``model``."""
     if not overrides:
@@ -149,43 +206,12 @@ def resolve(overrides: Sequence[Override], *, model: ModelSpec, now: datetime) -
     mine = [o for o in overrides if o.model == model.name and o.active(now)]
     if not mine:
         return NO_OVERRIDES
-    mine.sort(key=_created_key)  # oldest first: later assignments below are the newest
-    freeze: Override | None = None
-    pin_total: Override | None = None
-    bounds: Override | None = None
-    frozen_pools: dict[str, Override] = {}
-    pin_pools: dict[str, Override] = {}
-    drained: dict[str, Override] = {}
-    ignored: list[tuple[Override, str]] = []
+    mine.sort(key=_created_key)  # oldest first: later ones below replace older ones
+    out = _Resolving()
     for o in mine:
-        if o.pool is not None and o.pool not in model.pools:
-            ignored.append((o, f"model {model.name} has no pool {o.pool}"))
-            continue
-        if o.kind is OverrideKind.FREEZE:
-            if o.pool is None:
-                freeze = o
-            else:
-                frozen_pools[o.pool] = o
-        elif o.kind is OverrideKind.PIN:
-            if o.replicas is None or o.replicas < 0:
-                ignored.append((o, "pin without a replica count"))
-            elif o.pool is None:
-                pin_total = o
-            else:
-                pin_pools[o.pool] = o
-        elif o.kind is OverrideKind.BOUNDS:
-            if o.pool is not None:
-                ignored.append((o, "bounds apply to the model total, not to one pool"))
-            elif o.min_replicas is None and o.max_replicas is None:
-                ignored.append((o, "bounds without min_replicas or max_replicas"))
-            else:
-                bounds = o
-        elif o.kind is OverrideKind.DRAIN_POOL:
-            if o.pool is None:
-                ignored.append((o, "drain-pool without a pool"))
-            else:
-                drained[o.pool] = o
-    return OverrideEffect(
-        freeze=freeze, frozen_pools=frozen_pools, pin_total=pin_total, pin_pools=pin_pools,
-        bounds=bounds, drained=drained, ignored=tuple(ignored),
-    )
+        why = _why_ignored(o, model)
+        if why is None:
+            out.apply(o)
+        else:
+            out.ignored.append((o, why))
+    return out.effect()

@@ -17,10 +17,14 @@ raw opinions; the framework owns the safeguards, as in Ray Serve and the HPA):
 10. ``budget``       the cost ceilings, integrated into placement: the best placement within them
 11. ``outcome``      whether to actuate, and the scale event for the rate limits' memory
 
-Each stage appends a ``Stage`` (replicas after it, a reason code, a message with the numbers).
-A stage that changes (or holds) the value sets the decision's ``reason``; a stage that lets the
-value pass repeats the reason in force. ``Decision.reason`` thus answers "why this many": the code
-of the last stage that determined the total, or, when only the placement moved, the placement's
+Each stage is a function of its own, named after it (``_recommend``, ``_combine``, ...,
+``_outcome``; HPA's shape: one step, one value, one reason), and ``decide`` is the sequence of
+their calls. Each returns the total and the reason in force after it together with its trace
+entry, a ``Stage`` (replicas after it, a reason code, a message with the numbers); the budget is
+two calls, ``_cost_cap`` (the ceiling, before placing) and ``_budget`` (its entry, after). A stage
+that changes (or holds) the value sets the decision's ``reason``; a stage that lets the value pass
+repeats the reason in force. ``Decision.reason`` thus answers "why this many": the code of the
+last stage that determined the total, or, when only the placement moved, the placement's
 (``SpotInterrupted``, ``OverrideDrain``...); ``Paused`` and ``OverrideFreeze`` when not acting.
 
 Nothing here reads the clock (``now`` is an argument), does I/O, or builds pydantic models: the
@@ -30,7 +34,8 @@ simulator calls ``decide`` hundreds of thousands of times.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from functools import partial
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from controller.core import stabilize as stab
 from controller.core.model import (
@@ -41,16 +46,17 @@ from controller.core.model import (
     Opinion,
     Override,
     PoolSpec,
+    PoolState,
     Recommendation,
     ReplicaCapacity,
     ScaleEvent,
     Stage,
 )
-from controller.core.overrides import resolve
-from controller.core.placement import place, placement_cost, preferred_pool
+from controller.core.overrides import OverrideEffect, resolve
+from controller.core.placement import PlacementResult, place, placement_cost, preferred_pool
 from controller.core.policy import EffectivePolicy
 from controller.core.reasons import Reason
-from controller.core.spec import OnMissing, PolicySpec
+from controller.core.spec import Behavior, Bounds, Budget, MissingData, OnMissing, PolicySpec
 from policies.base import PolicyContext, SLOTargets
 
 _SAMPLE_NAMES = ("queue_depth", "p99_latency_ms", "gpu_utilization_pct", "request_rate_per_s",
@@ -65,10 +71,78 @@ _EMPTY_STATE: Mapping[str, Any] = {}
 _TOKENS_PER_MILLION = 1e6
 _S_PER_HOUR = 3600.0
 
+
+class _Step(NamedTuple):
+    """What one stage leaves for the next: the total and the reason in force after it, and the
+    stage's own trace entry (whose reason differs where the stage only reports, e.g. ``combine``'s
+    ``MaxOfRecommendations`` or the ``outcome``'s ``Scaled``)."""
+
+    value: int
+    reason: str
+    stage: Stage
+
+
+class _Opinions(NamedTuple):
+    """What the rules said (stage 1), sorted for the stages that read it."""
+
+    recs: tuple[Recommendation, ...]
+    rule_state: dict[str, Mapping[str, Any]]
+    best: Recommendation | None
+    """The largest target opinion (the first of equals)."""
+    n_targets: int
+    floor: Recommendation | None
+    """The largest floor opinion (schedules), applied at the bounds stage."""
+    missing: tuple[Recommendation, ...]
+    """Rules without an opinion for lack of data."""
+
+
+class _Cap(NamedTuple):
+    """The cost ceiling placement works within (stage 10, computed before placing)."""
+
+    usd: float | None
+    reason: str
+    """The reason code when the ceiling removes replicas."""
+    note: str
+    """How a cost-per-token cap was derived (or why it was ignored), for the budget stage."""
+
+
+class _Outcome(NamedTuple):
+    """Stage 11's value: what the decision carries out (or, frozen or paused, does not)."""
+
+    placement: Mapping[str, int]
+    replicas: int
+    reason: str
+    actuate: bool
+    cost_per_hour_usd: float
+    interrupted_replaced: int
+    stage: Stage
+
+
 def _slo_targets(spec: PolicySpec) -> SLOTargets:
     slo = spec.slo
     return SLOTargets(p99_latency_ms=slo.p99_latency_ms, queue_depth_per_replica=slo.queue_depth_per_replica,
                       ttft_p99_ms=slo.ttft_p99_ms)
+
+
+def _weighted_capacity(
+    model: ModelSpec, pools: Mapping[str, PoolSpec], current: Mapping[str, int]
+) -> ReplicaCapacity | None:
+    """Replica-weighted mean capacity over the GPU types now holding replicas; ``None`` if none do."""
+    weight = 0
+    tokens = requests = 0.0
+    for name, replicas in current.items():
+        spec = pools.get(name)
+        cap = None if replicas <= 0 or spec is None else model.capacity.get(spec.gpu_type)
+        if cap is None:
+            continue
+        weight += replicas
+        tokens += replicas * cap.output_tokens_per_s
+        requests += replicas * cap.requests_per_s
+    if not weight:
+        return None
+    if len(model.capacity) == 1:
+        return next(iter(model.capacity.values()))
+    return ReplicaCapacity(tokens / weight, requests / weight)
 
 
 def _capacity(
@@ -82,34 +156,20 @@ def _capacity(
     the capacity on the GPU type of the pool the first replica would go to."""
     if not model.capacity:
         return None
-    weight = 0
-    tokens = requests = 0.0
-    for name, replicas in current.items():
-        spec = pools.get(name)
-        if replicas <= 0 or spec is None:
-            continue
-        cap = model.capacity.get(spec.gpu_type)
-        if cap is None:
-            continue
-        weight += replicas
-        tokens += replicas * cap.output_tokens_per_s
-        requests += replicas * cap.requests_per_s
-    if weight:
-        if len(model.capacity) == 1:
-            return next(iter(model.capacity.values()))
-        return ReplicaCapacity(tokens / weight, requests / weight)
+    weighted = _weighted_capacity(model, pools, current)
+    if weighted is not None:
+        return weighted
     first = preferred_pool(model, pools, signals.pools, policy.spec.placement)
-    if first is not None:
-        cap = model.capacity.get(pools[first].gpu_type)
-        if cap is not None:
-            return cap
+    cap = None if first is None else model.capacity.get(pools[first].gpu_type)
+    if cap is not None:
+        return cap
     for gpu in model.gpu_types:
         if gpu in model.capacity:
             return model.capacity[gpu]
     return next(iter(model.capacity.values()))
 
 
-def _recommend(rule: Any, ctx: PolicyContext) -> Recommendation:
+def _ask(rule: Any, ctx: PolicyContext) -> Recommendation:
     """Call one rule; a rule that raises or returns nonsense has no opinion, not the tick's life."""
     try:
         rec = rule.recommend(ctx)
@@ -127,6 +187,305 @@ def _recommend(rule: Any, ctx: PolicyContext) -> Recommendation:
     return rec
 
 
+def _observed(model: ModelSpec, states: Mapping[str, PoolState]) -> tuple[dict[str, int], list[str]]:
+    """(replicas per observed pool, pools whose replicas are not known yet)."""
+    previous: dict[str, int] = {}
+    unknown: list[str] = []
+    for name in model.pools:
+        st = states.get(name)
+        if st is None or st.replicas is None:
+            unknown.append(name)
+        else:
+            previous[name] = st.replicas
+    return previous, unknown
+
+
+def _not_observed(
+    model: ModelSpec,
+    pools: Mapping[str, PoolSpec],
+    states: Mapping[str, PoolState],
+    policy: EffectivePolicy,
+    history: History,
+    previous: dict[str, int],
+    unknown: list[str],
+    now: datetime,
+) -> Decision:
+    """Stage 0: nothing is decided before every pool of the model has been observed (Karpenter's
+    rule): acting on a partial picture could scale a pool we cannot see."""
+    known = sum(previous.values())
+    return Decision(
+        model=model.name, at=now, current_replicas=known, replicas=known, placement=dict(previous),
+        previous_placement=previous, recommendations=(),
+        trace=(Stage("observe", None, Reason.NOT_OBSERVED_YET.value,
+                     f"replicas of pool(s) {', '.join(unknown)} not observed yet: holding, not acting"),),
+        reason=Reason.NOT_OBSERVED_YET.value, actuate=False,
+        cost_per_hour_usd=placement_cost(model, pools, states, previous),
+        policy_version=policy.version, history=history,
+    )
+
+
+def _opinions(policy: EffectivePolicy, history: History, make_ctx: Callable[..., PolicyContext]) -> _Opinions:
+    """Ask every rule (``make_ctx(state=...)`` builds its context), then sort the answers: the
+    largest target, the largest floor, the missing."""
+    recs: list[Recommendation] = []
+    rule_state: dict[str, Mapping[str, Any]] = {}
+    old_state = history.rule_state
+    for rule in policy.rules:
+        rec = _ask(rule, make_ctx(state=old_state.get(rule.rule, _EMPTY_STATE)))
+        recs.append(rec)
+        rule_state[rule.rule] = rec.state
+    return _sorted_opinions(tuple(recs), rule_state)
+
+
+def _sorted_opinions(recs: tuple[Recommendation, ...], rule_state: dict[str, Mapping[str, Any]]) -> _Opinions:
+    """The largest target (the first of equals), the largest floor, the rules missing data."""
+    best: Recommendation | None = None
+    floor: Recommendation | None = None
+    n_targets = 0
+    for rec in recs:
+        if rec.replicas is None:
+            continue
+        if rec.opinion is Opinion.FLOOR:
+            if floor is None or rec.replicas > (floor.replicas or 0):
+                floor = rec
+            continue
+        n_targets += 1
+        if best is None or rec.replicas > (best.replicas or 0):
+            best = rec
+    return _Opinions(recs, rule_state, best, n_targets, floor, tuple(rec for rec in recs if rec.missing_data))
+
+
+def _no_target(op: _Opinions) -> tuple[str, str]:
+    """(reason, why) when no rule has a target opinion."""
+    if not op.recs:
+        return Reason.NO_RULES.value, "policy has no rules"
+    if op.missing:
+        names = ", ".join(r.rule for r in op.missing)
+        return Reason.METRIC_MISSING.value, f"no target opinion (missing data: {names})"
+    return Reason.NO_RULES.value, "no rule has a target opinion"
+
+
+def _recommend(op: _Opinions, current: int) -> _Step:
+    """Stage 1: every rule's opinion; the largest target is the value, none at all holds ``current``."""
+    summary = "; ".join(f"{r.rule}={r.replicas} ({r.reason}{': ' + r.message if r.message else ''})"
+                        for r in op.recs)
+    if op.best is not None:
+        value = op.best.replicas or 0
+        return _Step(value, op.best.reason, Stage("recommend", value, op.best.reason, summary))
+    reason, why = _no_target(op)
+    return _Step(current, reason, Stage("recommend", None, reason, summary or why))
+
+
+def _combine(op: _Opinions, rec: _Step, current: int) -> _Step:
+    """Stage 2: max of the target opinions (the reason in force stays the winning rule's)."""
+    if op.best is None:
+        _, why = _no_target(op)
+        return _Step(current, rec.reason, Stage("combine", current, rec.reason, f"{why}: hold current {current}"))
+    code = Reason.MAX_OF_RECOMMENDATIONS.value if op.n_targets > 1 else rec.reason
+    msg = f"max of {op.n_targets} target opinion(s) = {rec.value} ({op.best.rule})"
+    return _Step(rec.value, rec.reason, Stage("combine", rec.value, code, msg))
+
+
+def _safeguard(name: str, prev: _Step, step: stab.Step) -> _Step:
+    """A shared safeguard's ``Step`` as this pipeline's stage: its reason when it acted, else the
+    reason in force."""
+    reason = step.reason or prev.reason
+    return _Step(step.replicas, reason, Stage(name, step.replicas, reason, step.message))
+
+
+def _tolerance(prev: _Step, current: int, behavior: Behavior) -> _Step:
+    """Stage 3: HPA dead band around the current replicas."""
+    return _safeguard("tolerance", prev, stab.tolerance(prev.value, current, behavior.tolerance))
+
+
+def _observation_gaps(signals: ModelSignals) -> tuple[Recommendation, ...]:
+    """The observation itself as missing data: a degraded source, or samples covering some pools.
+
+    A degraded observation (the primary metrics source is down and values come from a fallback,
+    e.g. Triton's statistics instead of Prometheus) counts as missing data for every rule: a
+    fallback average is good enough to add capacity, never to release it. Likewise a sample that
+    covers only some pools ("Partial": the others were invalid) is a lower bound: HPA's asymmetry,
+    the replicas we could not see may be busy, so it never scales down.
+    """
+    if signals.degraded:
+        return (Recommendation(rule=f"degraded: {signals.degraded}", kind="observation", replicas=None,
+                               reason=Reason.METRIC_MISSING.value, missing_data=True),)
+    partial_samples = [n for n in _SAMPLE_NAMES if (getattr(signals, n).reason or "").startswith("Partial")]
+    if partial_samples:
+        return (Recommendation(rule=f"partial data: {', '.join(partial_samples)}", kind="observation",
+                               replicas=None, reason=Reason.METRIC_MISSING.value, missing_data=True),)
+    return ()
+
+
+def _missing_data(prev: _Step, missing: tuple[Recommendation, ...], signals: ModelSignals, current: int,
+                  rules: MissingData) -> _Step:
+    """Stage 4: with ``on_missing: hold``, missing data never releases capacity (scale-up passes)."""
+    value, reason = prev.value, prev.reason
+    hold = rules.on_missing is OnMissing.HOLD
+    if hold and not missing:
+        missing = _observation_gaps(signals)
+    if not missing:
+        return _Step(value, reason, Stage("missing-data", value, reason, "all rules had data"))
+    names = ", ".join(r.rule for r in missing)
+    if not hold:
+        return _Step(value, reason, Stage("missing-data", value, reason, f"missing data ({names}) ignored by policy"))
+    if value < current:
+        code = Reason.HOLD_ON_MISSING_DATA.value
+        return _Step(current, code, Stage("missing-data", current, code,
+                                          f"missing data ({names}): not below current {current} (wanted {value})"))
+    return _Step(value, reason, Stage("missing-data", value, reason,
+                                      f"missing data ({names}): {value} >= current {current} passes"))
+
+
+def _stabilize(prev: _Step, current: int, history: History, now: datetime, behavior: Behavior, keep_s: float
+               ) -> tuple[tuple[tuple[datetime, int], ...], _Step]:
+    """Stage 5: HPA stabilization windows; also the recommendations the next tick remembers (for
+    ``keep_s`` seconds)."""
+    recommendations = stab.prune_recommendations(history.recommendations, now, keep_s)
+    step = stab.stabilize(prev.value, current, now, recommendations, up_window_s=behavior.scale_up.stabilization_s,
+                          down_window_s=behavior.scale_down.stabilization_s)
+    kept = recommendations + ((now, prev.value),) if keep_s > 0 else ()
+    return kept, _safeguard("stabilize", prev, step)
+
+
+def _rate_limit(prev: _Step, current: int, history: History, now: datetime, behavior: Behavior, keep_s: float
+                ) -> tuple[tuple[ScaleEvent, ...], _Step]:
+    """Stage 6: cooldowns, then HPA rate limits; also the scale events younger than ``keep_s``."""
+    events = stab.prune_events(history.scale_events, now, keep_s)
+    step = stab.rate_limit(prev.value, current, now, events, up=behavior.scale_up, down=behavior.scale_down)
+    return events, _safeguard("rate-limit", prev, step)
+
+
+def _limits(effect: OverrideEffect, floor: Recommendation | None, bounds: Bounds) -> tuple[int, str, int, str, str]:
+    """(min, its reason, max, its reason, description) after a bounds override and the floors."""
+    pol_min, pol_max = bounds.min_replicas, bounds.max_replicas
+    lo, hi = effect.bounds_for(pol_min, pol_max)
+    by_override = effect.bounds is not None
+    lo_reason = Reason.OVERRIDE_BOUNDS.value if by_override and lo != pol_min else Reason.TOO_FEW_REPLICAS.value
+    hi_reason = Reason.OVERRIDE_BOUNDS.value if by_override and hi != pol_max else Reason.TOO_MANY_REPLICAS.value
+    if floor is not None and (floor.replicas or 0) > lo:
+        lo = min(floor.replicas or 0, hi)
+        lo_reason = Reason.SCHEDULE_FLOOR.value
+    text = f"[{lo}, {hi}]" + (f" (override #{effect.bounds.id})" if effect.bounds is not None else "")
+    if floor is not None:
+        text += f"; floor {floor.replicas} from {floor.rule}"
+    return lo, lo_reason, hi, hi_reason, text
+
+
+def _bounds(prev: _Step, effect: OverrideEffect, floor: Recommendation | None, bounds: Bounds) -> tuple[int, _Step]:
+    """Stage 7: (the min, the step) within min/max; an operator's bounds override replaces the
+    policy's (never above its max); FLOOR opinions (schedules) raise the min."""
+    lo, lo_reason, hi, hi_reason, text = _limits(effect, floor, bounds)
+    value = prev.value
+    if value < lo:
+        return lo, _Step(lo, lo_reason, Stage("bounds", lo, lo_reason, f"{value} below min {text}: {lo}"))
+    if value > hi:
+        return lo, _Step(hi, hi_reason, Stage("bounds", hi, hi_reason, f"{value} above max {text}: {hi}"))
+    return lo, _Step(value, prev.reason, Stage("bounds", value, prev.reason, f"{value} within {text}"))
+
+
+def _overrides(prev: _Step, effect: OverrideEffect, previous: Mapping[str, int], pol_max: int
+               ) -> tuple[dict[str, int], frozenset[str], _Step]:
+    """Stage 8: (fixed replicas per pool, drained pools, the step): pins beat bounds (never above
+    the policy's hard max), drains, freezes."""
+    value, reason = prev.value, prev.reason
+    if effect.empty:
+        return {}, frozenset(), _Step(value, reason, Stage("overrides", value, reason, "no active overrides"))
+    if effect.pin_total is not None:
+        value, reason = min(effect.pin_total.replicas or 0, pol_max), Reason.OVERRIDE_PIN.value
+    fixed, drained = effect.pool_constraints(previous, pol_max)
+    fixed_sum = sum(fixed.values())
+    if fixed_sum > value:
+        # Pinned and frozen pools need at least their sum (already capped at the policy's max).
+        value = fixed_sum
+        reason = (Reason.OVERRIDE_FREEZE if effect.frozen_pools else Reason.OVERRIDE_PIN).value
+    return fixed, drained, _Step(value, reason, Stage("overrides", value, reason, effect.describe()))
+
+
+def _cost_cap(budget: Budget, signals: ModelSignals, now: datetime, max_age_s: float, lo: int, total: int,
+              fill: Callable[..., PlacementResult]) -> _Cap:
+    """Stage 10, first half: the ceiling placement works within. ``fill(total=, max_cost_per_hour_usd=)``
+    places like the placement stage will."""
+    hard, per_million = budget.max_cost_per_hour_usd, budget.max_cost_per_million_tokens_usd
+    if per_million is None:
+        return _Cap(hard, Reason.BUDGET_CAP_REACHED.value, "")
+    rate = signals.output_tokens_per_s.fresh(now, max_age_s)
+    if rate is None or rate <= 0:
+        # Cost per token is undefined without a token rate: the ceiling cannot be computed.
+        return _Cap(hard, Reason.BUDGET_CAP_REACHED.value,
+                    f"cost-per-token cap ${per_million:g}/M ignored: output token rate unknown")
+    token_cap = per_million * rate * _S_PER_HOUR / _TOKENS_PER_MILLION
+    note = f"${per_million:g}/M tokens at {rate:g} tok/s = ${token_cap:.2f}/h"
+    if hard is not None and token_cap >= hard:
+        return _Cap(hard, Reason.BUDGET_CAP_REACHED.value, note)
+    # Cost per token is an efficiency ceiling, not a spending one: at low traffic it would
+    # otherwise starve the fleet below min_replicas (even to zero). It limits scale-out only; the
+    # hard max_cost_per_hour_usd still beats min_replicas.
+    floor_usd = fill(total=min(lo, total), max_cost_per_hour_usd=hard).cost_per_hour_usd
+    if token_cap < floor_usd:
+        note += f", raised to ${floor_usd:.2f}/h (the cost of min_replicas {lo})"
+        token_cap = floor_usd
+    return _Cap(token_cap, Reason.COST_PER_TOKEN_CAP_REACHED.value, note)
+
+
+def _placement(prev: _Step, result: PlacementResult, current: int, previous: Mapping[str, int],
+               fixed: Mapping[str, int]) -> _Step:
+    """Stage 9: replicas per pool. The total's reason stays unless placement limited it, or only
+    the placement moved (then the placement event is the story)."""
+    placed, reason = result.total, prev.reason
+    moved_only = placed == current and result.replicas != previous
+    code = reason
+    if result.capacity_limited:
+        reason = code = Reason.CAPACITY_EXHAUSTED.value
+    elif result.reason != Reason.BUDGET_CAP_REACHED.value and result.reason != Reason.PLACED.value:
+        code = result.reason
+        if moved_only:
+            reason = result.reason
+    elif fixed and moved_only:
+        reason = code = Reason.OVERRIDE_PIN.value
+    return _Step(placed, reason, Stage("placement", placed, code, result.message()))
+
+
+def _budget(prev: _Step, result: PlacementResult, cap: _Cap, total: int, lo: int) -> _Step:
+    """Stage 10, second half: what the cost ceiling did to the placement."""
+    placed, note = prev.value, (f"; {cap.note}" if cap.note else "")
+    if cap.usd is None:
+        return _Step(placed, prev.reason, Stage("budget", placed, prev.reason,
+                                                f"${result.cost_per_hour_usd:.2f}/h, no cap{note}"))
+    if not result.budget_limited:
+        return _Step(placed, prev.reason, Stage(
+            "budget", placed, prev.reason,
+            f"${result.cost_per_hour_usd:.2f}/h <= cap ${cap.usd:.2f}/h ({Reason.WITHIN_BUDGET.value}){note}"))
+    msg = f"cap ${cap.usd:.2f}/h reached: ${result.cost_per_hour_usd:.2f}/h for {placed} of {total} replicas"
+    if result.budget_removed:
+        msg += f", removed {result.budget_removed}"
+    if placed < lo:
+        msg += f"; the budget beats min_replicas {lo}"
+    return _Step(placed, cap.reason, Stage("budget", placed, cap.reason, msg + note))
+
+
+def _outcome(prev: _Step, result: PlacementResult, effect: OverrideEffect, paused: bool, current: int,
+             previous: dict[str, int], frozen_cost: Callable[[], float]) -> _Outcome:
+    """Stage 11: whether to actuate. A freeze keeps the placement as it is (the trace above shows
+    what it would have done); ``paused`` decides without acting."""
+    placed, placement = prev.value, result.replicas
+    if effect.freeze is not None:
+        stage = Stage("outcome", current, Reason.OVERRIDE_FREEZE.value,
+                      f"frozen by override #{effect.freeze.id}: would place {placed}, keeping {current}")
+        reason = Reason.PAUSED.value if paused else Reason.OVERRIDE_FREEZE.value
+        return _Outcome(dict(previous), current, reason, False, frozen_cost(), 0, stage)
+    if paused:
+        stage = Stage("outcome", placed, Reason.PAUSED.value, "paused: decided, not acting")
+        return _Outcome(placement, placed, Reason.PAUSED.value, False, result.cost_per_hour_usd,
+                        result.interrupted_replaced, stage)
+    if placement != previous:
+        stage = Stage("outcome", placed, Reason.SCALED.value, f"{current} -> {placed}")
+    else:
+        stage = Stage("outcome", placed, Reason.UNCHANGED.value, f"unchanged at {placed}")
+    return _Outcome(placement, placed, prev.reason, True, result.cost_per_hour_usd, result.interrupted_replaced,
+                    stage)
+
+
 def decide(
     *,
     model: ModelSpec,
@@ -139,255 +498,43 @@ def decide(
     paused: bool = False,
 ) -> Decision:
     """Decide replicas per pool for ``model`` at ``now``. Pure: same inputs, same ``Decision``."""
-    spec = policy.spec
-    states = signals.pools
-
-    # 0. Nothing is decided before every pool of the model has been observed (Karpenter's rule):
-    #    acting on a partial picture could scale a pool we cannot see.
-    previous: dict[str, int] = {}
-    unknown: list[str] = []
-    for name in model.pools:
-        st = states.get(name)
-        if st is None or st.replicas is None:
-            unknown.append(name)
-        else:
-            previous[name] = st.replicas
+    spec, states = policy.spec, signals.pools
+    previous, unknown = _observed(model, states)
     if unknown:
-        known = sum(previous.values())
-        return Decision(
-            model=model.name, at=now, current_replicas=known, replicas=known, placement=dict(previous),
-            previous_placement=previous, recommendations=(),
-            trace=(Stage("observe", None, Reason.NOT_OBSERVED_YET.value,
-                         f"replicas of pool(s) {', '.join(unknown)} not observed yet: holding, not acting"),),
-            reason=Reason.NOT_OBSERVED_YET.value, actuate=False,
-            cost_per_hour_usd=placement_cost(model, pools, states, previous),
-            policy_version=policy.version, history=history,
-        )
+        return _not_observed(model, pools, states, policy, history, previous, unknown, now)
     current = sum(previous.values())
-    trace: list[Stage] = []
     max_age_s = spec.missing_data.max_signal_age_s
-
-    # 1. recommend
-    ctx_capacity = _capacity(model, pools, signals, previous, policy)
-    ready = signals.ready_replicas
-    slo = _slo_targets(spec)
-    recs: list[Recommendation] = []
-    rule_state: dict[str, Mapping[str, Any]] = {}
-    old_state = history.rule_state
-    for rule in policy.rules:
-        ctx = PolicyContext(model=model, signals=signals, now=now, current_replicas=current, ready_replicas=ready,
-                            capacity=ctx_capacity, slo=slo, max_signal_age_s=max_age_s,
-                            state=old_state.get(rule.rule, _EMPTY_STATE))
-        rec = _recommend(rule, ctx)
-        recs.append(rec)
-        rule_state[rule.rule] = rec.state
-    best: Recommendation | None = None
-    n_targets = 0
-    floor: Recommendation | None = None
-    missing: list[Recommendation] = []
-    for rec in recs:
-        if rec.missing_data:
-            missing.append(rec)
-        if rec.replicas is None:
-            continue
-        if rec.opinion is Opinion.FLOOR:
-            if floor is None or rec.replicas > (floor.replicas or 0):
-                floor = rec
-        else:
-            n_targets += 1
-            if best is None or rec.replicas > (best.replicas or 0):
-                best = rec
-    summary = "; ".join(f"{r.rule}={r.replicas} ({r.reason}{': ' + r.message if r.message else ''})" for r in recs)
-    if best is not None:
-        reason = best.reason
-        value = best.replicas or 0
-        trace.append(Stage("recommend", value, reason, summary))
-        # 2. combine
-        trace.append(Stage("combine", value, Reason.MAX_OF_RECOMMENDATIONS.value if n_targets > 1 else reason,
-                           f"max of {n_targets} target opinion(s) = {value} ({best.rule})"))
-    else:
-        if not recs:
-            reason, why = Reason.NO_RULES.value, "policy has no rules"
-        elif missing:
-            reason = Reason.METRIC_MISSING.value
-            why = "no target opinion (missing data: " + ", ".join(r.rule for r in missing) + ")"
-        else:
-            reason, why = Reason.NO_RULES.value, "no rule has a target opinion"
-        value = current
-        trace.append(Stage("recommend", None, reason, summary or why))
-        trace.append(Stage("combine", current, reason, f"{why}: hold current {current}"))
-
-    # 3. tolerance
-    behavior = spec.behavior
-    step = stab.tolerance(value, current, behavior.tolerance)
-    value, reason = step.replicas, step.reason or reason
-    trace.append(Stage("tolerance", value, reason, step.message))
-
-    # 4. missing-data guard: missing data never releases capacity (scale-up still passes).
-    # A degraded observation (the primary metrics source is down and values come from a fallback,
-    # e.g. Triton's statistics instead of Prometheus) counts as missing data for every rule: a
-    # fallback average is good enough to add capacity, never to release it.
-    # Likewise a sample that covers only some pools ("Partial": the others were invalid) is a lower
-    # bound: HPA's asymmetry, the replicas we could not see may be busy, so it never scales down.
-    partial = [n for n in _SAMPLE_NAMES if (getattr(signals, n).reason or "").startswith("Partial")]
-    if spec.missing_data.on_missing is OnMissing.HOLD and not missing:
-        if signals.degraded:
-            missing = [Recommendation(rule=f"degraded: {signals.degraded}", kind="observation", replicas=None,
-                                      reason=Reason.METRIC_MISSING.value, missing_data=True)]
-        elif partial:
-            missing = [Recommendation(rule=f"partial data: {', '.join(partial)}", kind="observation",
-                                      replicas=None, reason=Reason.METRIC_MISSING.value, missing_data=True)]
-    if missing and spec.missing_data.on_missing is OnMissing.HOLD:
-        names = ", ".join(r.rule for r in missing)
-        if value < current:
-            msg = f"missing data ({names}): not below current {current} (wanted {value})"
-            value, reason = current, Reason.HOLD_ON_MISSING_DATA.value
-        else:
-            msg = f"missing data ({names}): {value} >= current {current} passes"
-        trace.append(Stage("missing-data", value, reason, msg))
-    elif missing:
-        trace.append(Stage("missing-data", value, reason,
-                           f"missing data ({', '.join(r.rule for r in missing)}) ignored by policy"))
-    else:
-        trace.append(Stage("missing-data", value, reason, "all rules had data"))
-
-    # 5. stabilize
-    up, down = behavior.scale_up, behavior.scale_down
-    rec_keep_s, ev_keep_s = stab.keep_seconds(behavior)
-    recommendations = stab.prune_recommendations(history.recommendations, now, rec_keep_s)
-    step = stab.stabilize(value, current, now, recommendations,
-                          up_window_s=up.stabilization_s, down_window_s=down.stabilization_s)
-    recommendations = recommendations + ((now, value),) if rec_keep_s > 0 else ()
-    value, reason = step.replicas, step.reason or reason
-    trace.append(Stage("stabilize", value, reason, step.message))
-
-    # 6. rate-limit
-    events = stab.prune_events(history.scale_events, now, ev_keep_s)
-    step = stab.rate_limit(value, current, now, events, up=up, down=down)
-    value, reason = step.replicas, step.reason or reason
-    trace.append(Stage("rate-limit", value, reason, step.message))
-
-    # 7. bounds (an operator's bounds override replaces the policy's, below its hard max)
+    op = _opinions(policy, history, partial(
+        PolicyContext, model=model, signals=signals, now=now, current_replicas=current,
+        ready_replicas=signals.ready_replicas, capacity=_capacity(model, pools, signals, previous, policy),
+        slo=_slo_targets(spec), max_signal_age_s=max_age_s))
+    recommended = _recommend(op, current)
+    combined = _combine(op, recommended, current)
+    tolerated = _tolerance(combined, current, spec.behavior)
+    guarded = _missing_data(tolerated, op.missing, signals, current, spec.missing_data)
+    rec_keep_s, event_keep_s = stab.keep_seconds(spec.behavior)
+    recommendations, stabilized = _stabilize(guarded, current, history, now, spec.behavior, rec_keep_s)
+    events, limited = _rate_limit(stabilized, current, history, now, spec.behavior, event_keep_s)
     effect = resolve(overrides, model=model, now=now)
-    pol_min, pol_max = spec.bounds.min_replicas, spec.bounds.max_replicas
-    lo, hi = effect.bounds_for(pol_min, pol_max)
-    by_override = effect.bounds is not None
-    lo_reason = Reason.OVERRIDE_BOUNDS.value if by_override and lo != pol_min else Reason.TOO_FEW_REPLICAS.value
-    if floor is not None and (floor.replicas or 0) > lo:
-        lo = min(floor.replicas or 0, hi)
-        lo_reason = Reason.SCHEDULE_FLOOR.value
-    bounds_msg = f"[{lo}, {hi}]" + (f" (override #{effect.bounds.id})" if effect.bounds is not None else "")
-    if floor is not None:
-        bounds_msg += f"; floor {floor.replicas} from {floor.rule}"
-    if value < lo:
-        bounds_msg = f"{value} below min {bounds_msg}: {lo}"
-        value, reason = lo, lo_reason
-    elif value > hi:
-        hi_reason = Reason.OVERRIDE_BOUNDS.value if by_override and hi != pol_max else Reason.TOO_MANY_REPLICAS.value
-        bounds_msg = f"{value} above max {bounds_msg}: {hi}"
-        value, reason = hi, hi_reason
-    else:
-        bounds_msg = f"{value} within {bounds_msg}"
-    trace.append(Stage("bounds", value, reason, bounds_msg))
-
-    # 8. overrides: pins beat bounds (never above the policy's hard max), drains, freezes.
-    fixed: dict[str, int] = {}
-    drained: frozenset[str] = frozenset()
-    if effect.empty:
-        trace.append(Stage("overrides", value, reason, "no active overrides"))
-    else:
-        if effect.pin_total is not None:
-            pin = min(effect.pin_total.replicas or 0, pol_max)
-            value, reason = pin, Reason.OVERRIDE_PIN.value
-        fixed, drained = effect.pool_constraints(previous, pol_max)
-        fixed_sum = sum(fixed.values())
-        if fixed_sum > value:
-            # Pinned and frozen pools need at least their sum (already capped at the policy's max).
-            value = fixed_sum
-            reason = (Reason.OVERRIDE_FREEZE if effect.frozen_pools else Reason.OVERRIDE_PIN).value
-        trace.append(Stage("overrides", value, reason, effect.describe()))
-
-    # 9-10. placement within the budget
-    cap_usd: float | None = spec.budget.max_cost_per_hour_usd
-    cap_reason = Reason.BUDGET_CAP_REACHED.value
-    budget_note = ""
-    per_million = spec.budget.max_cost_per_million_tokens_usd
-    if per_million is not None:
-        rate = signals.output_tokens_per_s.fresh(now, max_age_s)
-        if rate is None or rate <= 0:
-            # Cost per token is undefined without a token rate: the ceiling cannot be computed.
-            budget_note = f"cost-per-token cap ${per_million:g}/M ignored: output token rate unknown"
-        else:
-            token_cap = per_million * rate * _S_PER_HOUR / _TOKENS_PER_MILLION
-            budget_note = f"${per_million:g}/M tokens at {rate:g} tok/s = ${token_cap:.2f}/h"
-            if cap_usd is None or token_cap < cap_usd:
-                # Cost per token is an efficiency ceiling, not a spending one: at low traffic it
-                # would otherwise starve the fleet below min_replicas (even to zero). It limits
-                # scale-out only; the hard max_cost_per_hour_usd still beats min_replicas.
-                floor_usd = place(model=model, pools=pools, states=states, total=min(lo, value),
-                                  placement=spec.placement, max_cost_per_hour_usd=cap_usd,
-                                  drained=drained, pinned=fixed).cost_per_hour_usd
-                if token_cap < floor_usd:
-                    budget_note += f", raised to ${floor_usd:.2f}/h (the cost of min_replicas {lo})"
-                    token_cap = floor_usd
-                cap_usd, cap_reason = token_cap, Reason.COST_PER_TOKEN_CAP_REACHED.value
-    result = place(model=model, pools=pools, states=states, total=value, placement=spec.placement,
-                   max_cost_per_hour_usd=cap_usd, drained=drained, pinned=fixed)
-    placed = result.total
-    placement = result.replicas
-    placement_reason = reason
-    if result.capacity_limited:
-        reason = placement_reason = Reason.CAPACITY_EXHAUSTED.value
-    elif result.reason != Reason.BUDGET_CAP_REACHED.value and result.reason != Reason.PLACED.value:
-        placement_reason = result.reason
-        if placed == current and placement != previous:
-            # The total did not move but replicas did: the placement event is the story.
-            reason = result.reason
-    elif fixed and placed == current and placement != previous:
-        reason = placement_reason = Reason.OVERRIDE_PIN.value
-    trace.append(Stage("placement", placed, placement_reason, result.message()))
-    if cap_usd is None:
-        trace.append(Stage("budget", placed, reason,
-                           f"${result.cost_per_hour_usd:.2f}/h, no cap" + (f"; {budget_note}" if budget_note else "")))
-    elif result.budget_limited:
-        reason = cap_reason
-        msg = f"cap ${cap_usd:.2f}/h reached: ${result.cost_per_hour_usd:.2f}/h for {placed} of {value} replicas"
-        if result.budget_removed:
-            msg += f", removed {result.budget_removed}"
-        if placed < lo:
-            msg += f"; the budget beats min_replicas {lo}"
-        if budget_note:
-            msg += f"; {budget_note}"
-        trace.append(Stage("budget", placed, reason, msg))
-    else:
-        trace.append(Stage("budget", placed, reason,
-                           f"${result.cost_per_hour_usd:.2f}/h <= cap ${cap_usd:.2f}/h ({Reason.WITHIN_BUDGET.value})"
-                           + (f"; {budget_note}" if budget_note else "")))
-
-    # 11. outcome
-    actuate = True
-    cost = result.cost_per_hour_usd
-    replaced = result.interrupted_replaced
-    if effect.freeze is not None:
-        trace.append(Stage("outcome", current, Reason.OVERRIDE_FREEZE.value,
-                           f"frozen by override #{effect.freeze.id}: would place {placed}, keeping {current}"))
-        placement, placed, actuate, replaced = dict(previous), current, False, 0
-        cost = placement_cost(model, pools, states, previous)
-        reason = Reason.PAUSED.value if paused else Reason.OVERRIDE_FREEZE.value
-    elif paused:
-        actuate = False
-        reason = Reason.PAUSED.value
-        trace.append(Stage("outcome", placed, reason, "paused: decided, not acting"))
-    elif placement != previous:
-        trace.append(Stage("outcome", placed, Reason.SCALED.value, f"{current} -> {placed}"))
-    else:
-        trace.append(Stage("outcome", placed, Reason.UNCHANGED.value, f"unchanged at {placed}"))
-    if actuate and placed != current:
-        events = events + (ScaleEvent(now, current, placed),)
+    lo, bounded = _bounds(limited, effect, op.floor, spec.bounds)
+    fixed, drained, overridden = _overrides(bounded, effect, previous, spec.bounds.max_replicas)
+    fill = partial(place, model=model, pools=pools, states=states, placement=spec.placement, drained=drained,
+                   pinned=fixed)
+    cap = _cost_cap(spec.budget, signals, now, max_age_s, lo, overridden.value, fill)
+    result = fill(total=overridden.value, max_cost_per_hour_usd=cap.usd)
+    placed = _placement(overridden, result, current, previous, fixed)
+    budgeted = _budget(placed, result, cap, overridden.value, lo)
+    out = _outcome(budgeted, result, effect, paused, current, previous,
+                   partial(placement_cost, model, pools, states, previous))
+    if out.actuate and out.replicas != current:
+        events = events + (ScaleEvent(now, current, out.replicas),)
     return Decision(
-        model=model.name, at=now, current_replicas=current, replicas=placed, placement=placement,
-        previous_placement=previous, recommendations=tuple(recs), trace=tuple(trace), reason=reason,
-        actuate=actuate, cost_per_hour_usd=cost, policy_version=policy.version,
-        history=History(recommendations=recommendations, scale_events=events, rule_state=rule_state),
-        interrupted_replaced=replaced,
+        model=model.name, at=now, current_replicas=current, replicas=out.replicas, placement=out.placement,
+        previous_placement=previous, recommendations=op.recs,
+        trace=(recommended.stage, combined.stage, tolerated.stage, guarded.stage, stabilized.stage, limited.stage,
+               bounded.stage, overridden.stage, placed.stage, budgeted.stage, out.stage),
+        reason=out.reason, actuate=out.actuate, cost_per_hour_usd=out.cost_per_hour_usd,
+        policy_version=policy.version,
+        history=History(recommendations=recommendations, scale_events=events, rule_state=op.rule_state),
+        interrupted_replaced=out.interrupted_replaced,
     )

@@ -26,13 +26,18 @@ rules, in the order they apply:
    the cheapest empty one, within the budget. Interruptions hit one pool at a time; a spread
    fleet survives them.
 
+Each rule is a function of ``place``'s (``_keep_valid``, ``_trim_excess``, ``_trim_to_budget``,
+``_fill``, ``_repair_spread``, then ``_shortfall`` and ``_reason`` for what shaped the result);
+they work on private per-pool views and return what they did with their events (reason code,
+message), which ``PlacementResult.events`` lists in that order.
+
 Cost = sum over pools of whole nodes for the replicas times the node price per hour.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Collection, Mapping, NamedTuple
 
 from controller.core.model import ModelSpec, PoolSpec, PoolState
 from controller.core.reasons import Reason
@@ -193,6 +198,48 @@ def preferred_pool(
     return None if best is None else best[3]
 
 
+@dataclass(slots=True)
+class _Kept:
+    """Step 1's value: the pools' working views with what stays of the current placement, and
+    what had to leave (mutable, private, never returned)."""
+
+    views: list[_Pool] = field(default_factory=list)
+    events: list[tuple[str, str]] = field(default_factory=list)
+    moved_off: dict[str, int] = field(default_factory=dict)
+    """Replicas that had to leave their pool, per reason code."""
+    interrupted_removed: int = 0
+
+    def move_off(self, code: str, replicas: int) -> None:
+        self.moved_off[code] = self.moved_off.get(code, 0) + replicas
+
+
+class _Trim(NamedTuple):
+    """Step 3's value: what the budget removed from the kept placement."""
+
+    cost: float
+    removed: int
+    onprem: bool
+    """On-prem replicas had to go: cloud replicas would only replace them."""
+    events: list[tuple[str, str]]
+
+
+class _Fill(NamedTuple):
+    """Step 4's value: what was added for the total."""
+
+    cost: float
+    added: int
+    on_demand: int
+    events: list[tuple[str, str]]
+
+
+class _Shortfall(NamedTuple):
+    """Why the placement has fewer replicas than asked, if it has."""
+
+    capacity_limited: bool
+    budget_limited: bool
+    events: list[tuple[str, str]]
+
+
 def place(
     *,
     model: ModelSpec,
@@ -211,246 +258,318 @@ def place(
     and live price. ``drained`` pools get nothing. ``pinned`` pools get exactly their pin (capped
     by capacity) and are neither filled nor trimmed for the total, only for the budget (last).
     ``max_cost_per_hour_usd`` is the ceiling on the placement's cost.
+
+    The steps of the module docstring, in order, each a function of its own; they work on the
+    pools' private working views and return what they did and their events.
     """
     cap = max_cost_per_hour_usd
-    allowed = placement.pools
-    events: list[tuple[str, str]] = []
-    views: list[_Pool] = []
-    interrupted_removed = 0
-    moved_off: dict[str, int] = {}
-    pinned = pinned or {}
-
-    # 1. What stays valid of the current placement.
-    for name in model.pools:
-        spec = pools.get(name)
-        state = states.get(name)
-        p = _Pool(name, spec, state, model)
-        views.append(p)
-        if spec is None or not p.usable or (allowed is not None and name not in allowed):
-            p.usable = False
-            if p.current:
-                why = ("no pool spec" if spec is None else
-                       "not allowed by the policy" if allowed is not None and name not in allowed else
-                       f"no engine for GPU {spec.gpu_type} x{spec.gpus_per_node} at TP {model.tp_degree}")
-                events.append((Reason.POOL_UNAVAILABLE.value, f"{name} unusable ({why}): moving {p.current}"))
-                moved_off[Reason.POOL_UNAVAILABLE.value] = moved_off.get(Reason.POOL_UNAVAILABLE.value, 0) + p.current
-            continue
-        if name in drained:
-            events.append((Reason.OVERRIDE_DRAIN.value, f"{name} drained: moving {p.current}"))
-            if p.current:
-                moved_off[Reason.OVERRIDE_DRAIN.value] = moved_off.get(Reason.OVERRIDE_DRAIN.value, 0) + p.current
-            continue
-        if name in pinned:
-            p.pinned = True
-            p.kept = p.replicas = min(max(0, pinned[name]), p.capacity)
-            continue
-        kept = p.current
-        accepts = True
-        assert spec is not None
-        if state is not None and state.interrupted_replicas > 0 and kept > 0:
-            gone = min(state.interrupted_replicas, kept)
-            kept -= gone
-            interrupted_removed += gone
-            accepts = False  # the noticed nodes are going away: replace elsewhere, not here
-            events.append((Reason.SPOT_INTERRUPTED.value, f"{name}: {gone} replicas on interrupted nodes"))
-        unavailable_code: str | None = None
-        unavailable_why = ""
-        if state is not None and not state.available:
-            unavailable_code = (Reason.SPOT_POOL_UNAVAILABLE if p.tier == _SPOT else Reason.POOL_UNAVAILABLE).value
-            unavailable_why = state.unavailable_reason or "unavailable"
-        elif (state is not None and p.tier == _SPOT
-              and state.recent_interruptions > placement.max_recent_interruptions):
-            unavailable_code = Reason.SPOT_POOL_UNAVAILABLE.value
-            unavailable_why = (f"{state.recent_interruptions} recent interruptions > "
-                               f"{placement.max_recent_interruptions}")
-        if unavailable_code is not None:
-            accepts = False
-            ready = None if state is None else state.ready_replicas
-            # Ready replicas keep serving; the unready ones will not start there. Unknown
-            # readiness keeps them all: never release what cannot be seen.
-            keep = kept if ready is None else min(kept, max(0, ready))
-            if keep < kept:
-                moved_off[unavailable_code] = moved_off.get(unavailable_code, 0) + kept - keep
-            events.append((unavailable_code, f"{name} unavailable ({unavailable_why}): keeps {keep} of {kept}, no new"))
-            kept = keep
-        if kept > p.capacity:
-            events.append((Reason.CAPACITY_EXHAUSTED.value, f"{name} holds {kept} but fits {p.capacity}"))
-            kept = p.capacity
-        p.kept = p.replicas = kept
-        p.accepts = accepts and p.capacity > 0
-
-    kept_map = {p.name: p.kept for p in views}
-    pinned_sum = sum(p.replicas for p in views if p.pinned)
-    want = max(total, pinned_sum)
-    count = sum(p.replicas for p in views)
-
-    # 2. Too many: on-demand first, then spot, on-prem last; most expensive first within a tier.
-    if count > want:
-        order = sorted((p for p in views if not p.pinned and p.replicas > 0),
-                       key=lambda p: (-p.tier, -p.eff_cost, -p.priority, p.name))
-        for p in order:
-            take = min(p.replicas, count - want)
-            p.replicas -= take
-            count -= take
-            if count == want:
-                break
-
-    cost = sum(p.cost() for p in views)
-
-    # 3. Budget: remove whole nodes, cloud before on-prem, unpinned before pinned, dearest first.
-    budget_removed = 0
-    trimmed_onprem = False
-    if cap is not None and cost > cap + _EPS_USD:
-        before = cost
-        order = sorted((p for p in views if p.replicas > 0 and p.price > 0),
-                       key=lambda p: (p.tier == _ONPREM, p.pinned, -p.tier, -p.eff_cost, -p.priority, p.name))
-        for p in order:
-            while p.replicas > 0 and cost > cap + _EPS_USD:
-                last_node = p.replicas - (p.nodes() - 1) * p.per_node
-                p.replicas -= last_node
-                budget_removed += last_node
-                cost -= p.price
-                trimmed_onprem = trimmed_onprem or p.tier == _ONPREM
-            if cost <= cap + _EPS_USD:
-                break
-        count = sum(p.replicas for p in views)
-        cost = sum(p.cost() for p in views)
-        events.append((Reason.BUDGET_CAP_REACHED.value,
-                       f"${before:.2f}/h over the ${cap:.2f}/h cap: removed {budget_removed} replicas"))
-
-    # 4. Too few: on-prem, then spot (spread), then on-demand; each replica only within budget.
-    need = want - count
-    added_total = 0
-    ondemand_added = 0
-    if need > 0:
-        onprem = sorted((p for p in views if p.accepts and p.tier == _ONPREM), key=_Pool.rank)
-        spot = sorted((p for p in views if p.accepts and p.tier == _SPOT), key=_Pool.rank)
-        ondemand = sorted((p for p in views if p.accepts and p.tier == _ONDEMAND), key=_Pool.rank)
-        for p in onprem:
-            if need <= 0:
-                break
-            n = _affordable(p, need, cost, cap)
-            if n > 0:
-                cost += _grow(p, n)
-                need -= n
-                added_total += n
-        # Budget already forced on-prem replicas out: cloud replicas would only replace them.
-        if need > 0 and not trimmed_onprem:
-            k = placement.spot_spread_min_pools
-            while need > 0:
-                open_pools = [p for p in spot if p.replicas < p.capacity]
-                if not open_pools:
-                    break
-                first = min(open_pools[:k], key=lambda p: p.replicas)  # ties: first = cheaper
-                chosen: _Pool | None = None
-                delta = 0.0
-                for p in [first] + [q for q in open_pools if q is not first]:
-                    delta = p.add_cost()
-                    if cap is None or cost + delta <= cap + _EPS_USD:
-                        chosen = p
-                        break
-                if chosen is None:
-                    break
-                chosen.replicas += 1
-                cost += delta
-                need -= 1
-                added_total += 1
-            if need > 0 and placement.allow_on_demand:
-                for p in ondemand:
-                    if need <= 0:
-                        break
-                    n = _affordable(p, need, cost, cap)
-                    if n > 0:
-                        cost += _grow(p, n)
-                        need -= n
-                        added_total += n
-                        ondemand_added += n
-        if ondemand_added:
-            events.append((Reason.ON_DEMAND_FALLBACK.value,
-                           f"on-prem and spot full: {ondemand_added} on on-demand"))
-
-    # 5. Spread repair: more than one spot replica should not sit in fewer pools than asked for.
-    spread_blocked = False
-    k = placement.spot_spread_min_pools
-    if k >= 2:
-        spot_all = [p for p in views if p.tier == _SPOT and p.usable]
-        spot_count = sum(p.replicas for p in spot_all)
-        target = min(k, spot_count)
-        nonempty = sum(1 for p in spot_all if p.replicas > 0)
-        if spot_count >= 2 and nonempty < target:
-            dests = sorted((p for p in spot_all if p.accepts and p.replicas == 0 and p.capacity > 0),
-                           key=_Pool.rank)
-            while nonempty < target and dests:
-                sources = [p for p in spot_all if not p.pinned and p.replicas >= 2]
-                if not sources:
-                    break
-                src = max(sources, key=lambda p: (p.replicas, p.eff_cost, p.name))
-                saving = src.remove_saving()
-                moved_to: _Pool | None = None
-                for d in dests:
-                    delta = d.add_cost() - saving
-                    if cap is None or cost + delta <= cap + _EPS_USD:
-                        moved_to = d
-                        break
-                if moved_to is None:
-                    spread_blocked = True
-                    break
-                src.replicas -= 1
-                moved_to.replicas += 1
-                cost += delta
-                nonempty += 1
-                dests.remove(moved_to)
-                events.append((Reason.PLACED.value, f"spot spread: moved 1 from {src.name} to {moved_to.name}"))
-        if spread_blocked:
-            events.append((Reason.BUDGET_CAP_REACHED.value,
-                           f"spot spread over {target} pools would exceed the ${cap:.2f}/h cap"))
-
-    count = sum(p.replicas for p in views)
-    short = want - count
-    room = 0
-    if short > 0:
-        for p in views:
-            if p.accepts and (p.tier != _ONDEMAND or placement.allow_on_demand):
-                room += p.capacity - p.replicas
-    capacity_limited = short > room
-    budget_limited = budget_removed > 0 or (short > 0 and room > 0)
-    if capacity_limited:
-        events.append((Reason.CAPACITY_EXHAUSTED.value, f"no room for {short - room} of {want}"))
-    if short > 0 and room > 0 and cap is not None:
-        events.append((Reason.BUDGET_CAP_REACHED.value,
-                       f"{min(short, room)} more would exceed the ${cap:.2f}/h cap"))
-
-    if budget_limited:
-        reason = Reason.BUDGET_CAP_REACHED.value
-    elif capacity_limited:
-        reason = Reason.CAPACITY_EXHAUSTED.value
-    elif moved_off.get(Reason.OVERRIDE_DRAIN.value):
-        reason = Reason.OVERRIDE_DRAIN.value
-    elif interrupted_removed:
-        reason = Reason.SPOT_INTERRUPTED.value
-    elif moved_off.get(Reason.SPOT_POOL_UNAVAILABLE.value):
-        reason = Reason.SPOT_POOL_UNAVAILABLE.value
-    elif moved_off.get(Reason.POOL_UNAVAILABLE.value):
-        reason = Reason.POOL_UNAVAILABLE.value
-    elif ondemand_added:
-        reason = Reason.ON_DEMAND_FALLBACK.value
-    else:
-        reason = Reason.PLACED.value
-
+    kept = _keep_valid(model, pools, states, placement, drained, pinned or {})
+    views = kept.views
+    want = max(total, sum(p.replicas for p in views if p.pinned))
+    _trim_excess(views, want)
+    trim = _trim_to_budget(views, cap)
+    fill = _fill(views, want, trim, cap, placement)
+    spread = _repair_spread(views, fill.cost, cap, placement.spot_spread_min_pools)
+    short = _shortfall(views, want, cap, placement.allow_on_demand, trim.removed)
     return PlacementResult(
         replicas={p.name: p.replicas for p in views},
         cost_per_hour_usd=sum(p.cost() for p in views),
         requested=total,
-        kept=kept_map,
-        reason=reason,
-        events=tuple(events),
-        interrupted_removed=interrupted_removed,
-        interrupted_replaced=min(interrupted_removed, added_total),
-        capacity_limited=capacity_limited,
-        budget_limited=budget_limited,
-        budget_removed=budget_removed,
+        kept={p.name: p.kept for p in views},
+        reason=_reason(kept, short, fill.on_demand),
+        events=tuple(kept.events + trim.events + fill.events + spread + short.events),
+        interrupted_removed=kept.interrupted_removed,
+        interrupted_replaced=min(kept.interrupted_removed, fill.added),
+        capacity_limited=short.capacity_limited,
+        budget_limited=short.budget_limited,
+        budget_removed=trim.removed,
         cap_usd=cap,
     )
+
+
+def _keep_valid(model: ModelSpec, pools: Mapping[str, PoolSpec], states: Mapping[str, PoolState],
+                placement: PlacementSpec, drained: Collection[str], pinned: Mapping[str, int]) -> _Kept:
+    """Step 1: what stays valid of the current placement, pool by pool in the model's order.
+    Unusable and drained pools keep nothing; pinned pools get their pin; the others keep what is
+    still valid of their replicas."""
+    kept = _Kept()
+    allowed = placement.pools
+    for name in model.pools:
+        state = states.get(name)
+        p = _Pool(name, pools.get(name), state, model)
+        kept.views.append(p)
+        if not p.usable or (allowed is not None and name not in allowed):
+            _unusable(kept, p, model, allowed)
+        elif name in drained:
+            kept.events.append((Reason.OVERRIDE_DRAIN.value, f"{name} drained: moving {p.current}"))
+            if p.current:
+                kept.move_off(Reason.OVERRIDE_DRAIN.value, p.current)
+        elif name in pinned:
+            p.pinned = True
+            p.kept = p.replicas = min(max(0, pinned[name]), p.capacity)
+        else:
+            _keep_current(kept, p, state, placement)
+    return kept
+
+
+def _unusable(kept: _Kept, p: _Pool, model: ModelSpec, allowed: Collection[str] | None) -> None:
+    """A pool the model cannot use (no pool spec, not allowed by the policy, no engine for its GPU
+    type) keeps nothing and takes nothing."""
+    p.usable = False
+    if not p.current:
+        return
+    spec = p.spec
+    why = ("no pool spec" if spec is None else
+           "not allowed by the policy" if allowed is not None and p.name not in allowed else
+           f"no engine for GPU {spec.gpu_type} x{spec.gpus_per_node} at TP {model.tp_degree}")
+    kept.events.append((Reason.POOL_UNAVAILABLE.value, f"{p.name} unusable ({why}): moving {p.current}"))
+    kept.move_off(Reason.POOL_UNAVAILABLE.value, p.current)
+
+
+def _unavailable(p: _Pool, state: PoolState | None, placement: PlacementSpec) -> tuple[str, str] | None:
+    """(reason code, why) when the pool takes no new replicas: unavailable, or a spot pool with
+    more recent interruptions than the policy accepts."""
+    if state is None:
+        return None
+    if not state.available:
+        code = (Reason.SPOT_POOL_UNAVAILABLE if p.tier == _SPOT else Reason.POOL_UNAVAILABLE).value
+        return code, state.unavailable_reason or "unavailable"
+    if p.tier == _SPOT and state.recent_interruptions > placement.max_recent_interruptions:
+        return (Reason.SPOT_POOL_UNAVAILABLE.value,
+                f"{state.recent_interruptions} recent interruptions > {placement.max_recent_interruptions}")
+    return None
+
+
+def _keep_current(kept: _Kept, p: _Pool, state: PoolState | None, placement: PlacementSpec) -> None:
+    """A usable pool's current replicas, less those on interrupted nodes, those not ready on an
+    unavailable pool, and those beyond its capacity."""
+    keep = p.current
+    accepts = True
+    if state is not None and state.interrupted_replicas > 0 and keep > 0:
+        gone = min(state.interrupted_replicas, keep)
+        keep -= gone
+        kept.interrupted_removed += gone
+        accepts = False  # the noticed nodes are going away: replace elsewhere, not here
+        kept.events.append((Reason.SPOT_INTERRUPTED.value, f"{p.name}: {gone} replicas on interrupted nodes"))
+    unavailable = _unavailable(p, state, placement)
+    if unavailable is not None:
+        accepts = False
+        code, why = unavailable
+        ready = None if state is None else state.ready_replicas
+        # Ready replicas keep serving; the unready ones will not start there. Unknown
+        # readiness keeps them all: never release what cannot be seen.
+        stay = keep if ready is None else min(keep, max(0, ready))
+        if stay < keep:
+            kept.move_off(code, keep - stay)
+        kept.events.append((code, f"{p.name} unavailable ({why}): keeps {stay} of {keep}, no new"))
+        keep = stay
+    if keep > p.capacity:
+        kept.events.append((Reason.CAPACITY_EXHAUSTED.value, f"{p.name} holds {keep} but fits {p.capacity}"))
+        keep = p.capacity
+    p.kept = p.replicas = keep
+    p.accepts = accepts and p.capacity > 0
+
+
+def _trim_excess(views: list[_Pool], want: int) -> int:
+    """Step 2, too many: remove on-demand first, then spot, on-prem last; most expensive first
+    within a tier; pinned pools keep their pin. Returns the replicas removed."""
+    excess = sum(p.replicas for p in views) - want
+    if excess <= 0:
+        return 0
+    removed = 0
+    order = sorted((p for p in views if not p.pinned and p.replicas > 0),
+                   key=lambda p: (-p.tier, -p.eff_cost, -p.priority, p.name))
+    for p in order:
+        take = min(p.replicas, excess - removed)
+        p.replicas -= take
+        removed += take
+        if removed == excess:
+            break
+    return removed
+
+
+def _trim_to_budget(views: list[_Pool], cap: float | None) -> _Trim:
+    """Step 3, budget: while the cost is above the cap, remove whole nodes, cloud before on-prem,
+    unpinned before pinned, dearest first."""
+    cost = sum(p.cost() for p in views)
+    if cap is None or cost <= cap + _EPS_USD:
+        return _Trim(cost, 0, False, [])
+    before = cost
+    removed = 0
+    onprem = False
+    order = sorted((p for p in views if p.replicas > 0 and p.price > 0),
+                   key=lambda p: (p.tier == _ONPREM, p.pinned, -p.tier, -p.eff_cost, -p.priority, p.name))
+    for p in order:
+        n, cost = _remove_nodes(p, cost, cap)
+        removed += n
+        onprem = onprem or (n > 0 and p.tier == _ONPREM)
+        if cost <= cap + _EPS_USD:
+            break
+    event = (Reason.BUDGET_CAP_REACHED.value, f"${before:.2f}/h over the ${cap:.2f}/h cap: removed {removed} replicas")
+    return _Trim(sum(p.cost() for p in views), removed, onprem, [event])
+
+
+def _remove_nodes(p: _Pool, cost: float, cap: float) -> tuple[int, float]:
+    """Remove ``p``'s replicas a whole node at a time while the cost is above the cap:
+    (replicas removed, new cost)."""
+    removed = 0
+    while p.replicas > 0 and cost > cap + _EPS_USD:
+        last_node = p.replicas - (p.nodes() - 1) * p.per_node
+        p.replicas -= last_node
+        removed += last_node
+        cost -= p.price
+    return removed, cost
+
+
+def _ranked(views: list[_Pool], tier: int) -> list[_Pool]:
+    """The pools of ``tier`` that take new replicas, cheapest first."""
+    return sorted((p for p in views if p.accepts and p.tier == tier), key=_Pool.rank)
+
+
+def _fill(views: list[_Pool], want: int, trim: _Trim, cap: float | None, placement: PlacementSpec) -> _Fill:
+    """Step 4, too few: on-prem, then spot (spread), then on-demand; each replica only within the
+    budget."""
+    cost = trim.cost
+    need = want - sum(p.replicas for p in views)
+    if need <= 0:
+        return _Fill(cost, 0, 0, [])
+    added, cost = _fill_tier(_ranked(views, _ONPREM), need, cost, cap)
+    on_demand = 0
+    # Budget already forced on-prem replicas out: cloud replicas would only replace them.
+    if added < need and not trim.onprem:
+        n, cost = _fill_spot(_ranked(views, _SPOT), need - added, cost, cap, placement.spot_spread_min_pools)
+        added += n
+        if added < need and placement.allow_on_demand:
+            on_demand, cost = _fill_tier(_ranked(views, _ONDEMAND), need - added, cost, cap)
+            added += on_demand
+    if not on_demand:
+        return _Fill(cost, added, 0, [])
+    return _Fill(cost, added, on_demand,
+                 [(Reason.ON_DEMAND_FALLBACK.value, f"on-prem and spot full: {on_demand} on on-demand")])
+
+
+def _fill_tier(ranked: list[_Pool], need: int, cost: float, cap: float | None) -> tuple[int, float]:
+    """Fill ``ranked`` pools in order, each as far as room and budget allow: (added, new cost)."""
+    added = 0
+    for p in ranked:
+        if added >= need:
+            break
+        n = _affordable(p, need - added, cost, cap)
+        if n > 0:
+            cost += _grow(p, n)
+            added += n
+    return added, cost
+
+
+def _fill_spot(spot: list[_Pool], need: int, cost: float, cap: float | None, spread: int) -> tuple[int, float]:
+    """One replica at a time over the ``spread`` cheapest open spot pools (to the one with the
+    fewest, ties to the cheaper), else the next affordable one: (added, new cost)."""
+    added = 0
+    while added < need:
+        open_pools = [p for p in spot if p.replicas < p.capacity]
+        if not open_pools:
+            break
+        first = min(open_pools[:spread], key=lambda p: p.replicas)  # ties: first = cheaper
+        chosen, delta = _first_affordable([first] + [q for q in open_pools if q is not first], cost, cap)
+        if chosen is None:
+            break
+        chosen.replicas += 1
+        cost += delta
+        added += 1
+    return added, cost
+
+
+def _first_affordable(candidates: list[_Pool], cost: float, cap: float | None,
+                      saving: float = 0.0) -> tuple[_Pool | None, float]:
+    """The first candidate one more replica fits on within the cap (less ``saving`` elsewhere), and
+    the change of cost; ``None`` with the last change tried when none fits."""
+    delta = 0.0
+    for p in candidates:
+        delta = p.add_cost() - saving
+        if cap is None or cost + delta <= cap + _EPS_USD:
+            return p, delta
+    return None, delta
+
+
+def _repair_spread(views: list[_Pool], cost: float, cap: float | None, spread: int) -> list[tuple[str, str]]:
+    """Step 5, spread repair: more than one spot replica should not sit in fewer pools than asked
+    for; move replicas from the fullest spot pool to the cheapest empty one, within the budget."""
+    spot = [p for p in views if p.tier == _SPOT and p.usable]
+    target = min(spread, sum(p.replicas for p in spot)) if spread >= 2 else 0
+    nonempty = sum(1 for p in spot if p.replicas > 0)
+    if target < 2 or nonempty >= target:
+        return []
+    return _spread_moves(spot, target, target - nonempty, cost, cap)
+
+
+def _spread_moves(spot: list[_Pool], target: int, moves: int, cost: float, cap: float | None
+                  ) -> list[tuple[str, str]]:
+    """Up to ``moves`` single-replica moves from the fullest spot pool to the cheapest empty one
+    that takes replicas and fits within the cap; the events say what moved, or that the budget
+    stopped it."""
+    dests = sorted((p for p in spot if p.accepts and p.replicas == 0 and p.capacity > 0), key=_Pool.rank)
+    events: list[tuple[str, str]] = []
+    while len(events) < moves and dests:
+        src = _spread_source(spot)
+        if src is None:
+            break
+        moved_to, delta = _first_affordable(dests, cost, cap, src.remove_saving())
+        if moved_to is None:
+            events.append((Reason.BUDGET_CAP_REACHED.value,
+                           f"spot spread over {target} pools would exceed the ${cap:.2f}/h cap"))
+            break
+        src.replicas -= 1
+        moved_to.replicas += 1
+        cost += delta
+        dests.remove(moved_to)
+        events.append((Reason.PLACED.value, f"spot spread: moved 1 from {src.name} to {moved_to.name}"))
+    return events
+
+
+def _spread_source(spot: list[_Pool]) -> _Pool | None:
+    """The spot pool a replica moves from to spread: the fullest unpinned one holding two or more
+    (ties: the dearer, then the later name)."""
+    sources = [p for p in spot if not p.pinned and p.replicas >= 2]
+    return max(sources, key=lambda p: (p.replicas, p.eff_cost, p.name)) if sources else None
+
+
+def _room(views: list[_Pool], allow_on_demand: bool) -> int:
+    """Replicas the pools that take new ones could still hold."""
+    return sum(p.capacity - p.replicas for p in views if p.accepts and (p.tier != _ONDEMAND or allow_on_demand))
+
+
+def _shortfall(views: list[_Pool], want: int, cap: float | None, allow_on_demand: bool,
+               budget_removed: int) -> _Shortfall:
+    """Whether the placement falls short of ``want`` for lack of room or of budget."""
+    short = want - sum(p.replicas for p in views)
+    room = _room(views, allow_on_demand) if short > 0 else 0
+    capacity_limited = short > room
+    events: list[tuple[str, str]] = []
+    if capacity_limited:
+        events.append((Reason.CAPACITY_EXHAUSTED.value, f"no room for {short - room} of {want}"))
+    if short > 0 and room > 0 and cap is not None:
+        events.append((Reason.BUDGET_CAP_REACHED.value, f"{min(short, room)} more would exceed the ${cap:.2f}/h cap"))
+    return _Shortfall(capacity_limited, budget_removed > 0 or (short > 0 and room > 0), events)
+
+
+def _reason(kept: _Kept, short: _Shortfall, on_demand: int) -> str:
+    """The most significant reason code, in this order of precedence."""
+    moved = kept.moved_off
+    if short.budget_limited:
+        return Reason.BUDGET_CAP_REACHED.value
+    if short.capacity_limited:
+        return Reason.CAPACITY_EXHAUSTED.value
+    if moved.get(Reason.OVERRIDE_DRAIN.value):
+        return Reason.OVERRIDE_DRAIN.value
+    if kept.interrupted_removed:
+        return Reason.SPOT_INTERRUPTED.value
+    if moved.get(Reason.SPOT_POOL_UNAVAILABLE.value):
+        return Reason.SPOT_POOL_UNAVAILABLE.value
+    if moved.get(Reason.POOL_UNAVAILABLE.value):
+        return Reason.POOL_UNAVAILABLE.value
+    if on_demand:
+        return Reason.ON_DEMAND_FALLBACK.value
+    return Reason.PLACED.value
 
 
 def _affordable(p: _Pool, need: int, cost: float, cap: float | None) -> int:

@@ -194,35 +194,49 @@ def rate_limit(
     A cooldown holds the current replicas while the last scaling event in the same direction is
     younger than ``cooldown_s``; otherwise the rate limit of that direction clamps the change.
     """
-    if desired > current:
-        last = _last_event(events, up=True)
-        if last is not None and up.cooldown_s > 0:
-            age_s = (now - last.at).total_seconds()
-            if age_s < up.cooldown_s:
-                return Step(
-                    current, Reason.SCALE_UP_COOLDOWN.value,
-                    f"wanted {desired}; last scale-up {age_s:g}s ago < cooldown {up.cooldown_s:g}s: keep {current}",
-                )
-        limit = scale_up_limit(current, now, events, up)
-        if limit is not None and desired > limit:
-            why = "scale-up disabled" if up.select == "disabled" else f"rate limits ({up.select}) allow {limit}"
-            return Step(limit, Reason.SCALE_UP_LIMITED.value, f"wanted {desired}; {why}: {limit}")
-        return Step(desired, None, f"scale-up to {desired} within rate limits")
-    if desired < current:
-        last = _last_event(events, up=False)
-        if last is not None and down.cooldown_s > 0:
-            age_s = (now - last.at).total_seconds()
-            if age_s < down.cooldown_s:
-                return Step(
-                    current, Reason.SCALE_DOWN_COOLDOWN.value,
-                    f"wanted {desired}; last scale-down {age_s:g}s ago < cooldown {down.cooldown_s:g}s: keep {current}",
-                )
-        limit = scale_down_limit(current, now, events, down)
-        if limit is not None and desired < limit:
-            why = "scale-down disabled" if down.select == "disabled" else f"rate limits ({down.select}) allow {limit}"
-            return Step(limit, Reason.SCALE_DOWN_LIMITED.value, f"wanted {desired}; {why}: {limit}")
-        return Step(desired, None, f"scale-down to {desired} within rate limits")
-    return Step(desired, None, f"no change from current {current}")
+    if desired == current:
+        return Step(desired, None, f"no change from current {current}")
+    rising = desired > current
+    rules = up if rising else down
+    return _cooldown(desired, current, now, events, rules, rising) or _limit(desired, current, now, events, rules,
+                                                                              rising)
+
+
+_DIRECTIONS = {
+    True: ("scale-up", Reason.SCALE_UP_COOLDOWN.value, Reason.SCALE_UP_LIMITED.value),
+    False: ("scale-down", Reason.SCALE_DOWN_COOLDOWN.value, Reason.SCALE_DOWN_LIMITED.value),
+}
+"""Per direction (rising?): its name in messages, its cooldown reason, its rate-limit reason."""
+
+
+def _cooldown(desired: int, current: int, now: datetime, events: Sequence[ScaleEvent], rules: ScalingRules,
+              rising: bool) -> Step | None:
+    """Hold ``current`` while the last change in the same direction is younger than the cooldown."""
+    last = _last_event(events, up=rising)
+    if last is None or rules.cooldown_s <= 0:
+        return None
+    age_s = (now - last.at).total_seconds()
+    if age_s >= rules.cooldown_s:
+        return None
+    word, code, _ = _DIRECTIONS[rising]
+    return Step(current, code,
+                f"wanted {desired}; last {word} {age_s:g}s ago < cooldown {rules.cooldown_s:g}s: keep {current}")
+
+
+def _limit(desired: int, current: int, now: datetime, events: Sequence[ScaleEvent], rules: ScalingRules,
+           rising: bool) -> Step:
+    """Clamp the change to the direction's rate limit (none with no policies)."""
+    word, _, code = _DIRECTIONS[rising]
+    if rising:
+        limit = scale_up_limit(current, now, events, rules)
+        beyond = limit is not None and desired > limit
+    else:
+        limit = scale_down_limit(current, now, events, rules)
+        beyond = limit is not None and desired < limit
+    if limit is None or not beyond:
+        return Step(desired, None, f"{word} to {desired} within rate limits")
+    why = f"{word} disabled" if rules.select == "disabled" else f"rate limits ({rules.select}) allow {limit}"
+    return Step(limit, code, f"wanted {desired}; {why}: {limit}")
 
 
 def keep_seconds(behavior: Behavior) -> tuple[float, float]:
