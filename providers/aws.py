@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping, Sequence
 
-import botocore.exceptions
-from botocore.config import Config
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.core.model import PoolSpec, Tier
@@ -111,8 +109,10 @@ class AwsPoolSettings(BaseModel):
     availability_zones: list[str] = Field(default_factory=list, description="Zones to read spot prices for (empty: all of the group's).")
 
 
-def boto_config(settings: AwsSettings) -> Config:
+def boto_config(settings: AwsSettings) -> Any:
     """botocore config with its own retries off: ``retry_transient`` owns the time budget."""
+    from botocore.config import Config
+
     return Config(retries={"total_max_attempts": 1, "mode": "standard"},
                   connect_timeout=settings.connect_timeout_s, read_timeout=settings.read_timeout_s)
 
@@ -131,6 +131,8 @@ def make_client(service: str, region: str, settings: AwsSettings, session: Any =
 def translate_aws_error(e: BaseException, what: str) -> ProviderError:
     """Throttling, 5xx, contention and network trouble are transient; everything else (validation,
     access denied, missing resources, no credentials) is permanent."""
+    import botocore.exceptions
+
     if isinstance(e, botocore.exceptions.ClientError):
         err = e.response.get("Error", {})
         code = str(err.get("Code", ""))
@@ -149,6 +151,8 @@ def translate_aws_error(e: BaseException, what: str) -> ProviderError:
 
 
 def _call(what: str, fn: Callable[[], Any]) -> Any:
+    import botocore.exceptions  # imported when called: the settings and the kind load without botocore
+
     try:
         return fn()
     except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError, OSError) as e:

@@ -21,7 +21,6 @@ import time
 from datetime import datetime
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from google.api_core import exceptions as gexc
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.core.model import PoolSpec, Tier
@@ -97,7 +96,7 @@ def make_mig_client(*, regional: bool, settings: GcpSettings = GcpSettings(), cr
     return cls(credentials=credentials, client_options=options, transport="rest")
 
 
-def _reasons(e: gexc.GoogleAPICallError) -> set[str]:
+def _reasons(e: Any) -> set[str]:
     out = set()
     for err in getattr(e, "errors", None) or []:
         if isinstance(err, dict) and err.get("reason"):
@@ -106,6 +105,8 @@ def _reasons(e: gexc.GoogleAPICallError) -> set[str]:
 
 
 def translate_gcp_error(e: BaseException, what: str) -> ProviderError:
+    from google.api_core import exceptions as gexc  # imported when called: the settings and the kind load without it
+
     if isinstance(e, gexc.GoogleAPICallError):
         code = getattr(e, "code", None)
         msg = str(getattr(e, "message", e))[:300]

@@ -29,11 +29,9 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 import urllib3
-from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.core.model import Action, ActionStatus, ModelSpec, PoolSpec, PoolState, Tier
@@ -42,6 +40,12 @@ from providers.base import (
     ActionLog, Notice, NoticeKind, RetryPolicy, UnavailableMarks, retry_transient, unavailable_reason,
 )
 from providers.registry import PoolProviderKind
+
+if TYPE_CHECKING:  # the client library is imported when a cluster is reached: the settings, the
+    # onprem kind and the selector helpers load without its thousands of classes (the simulator
+    # and the config loader use them)
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
 
 PROVIDER = "kubernetes"
 CALL_SCALE = "patch_namespaced_deployment_scale"
@@ -266,6 +270,8 @@ def translate_api_error(e: BaseException, what: str) -> ProviderError:
     409 is a ``ConflictError`` (re-read and retry); 429, 5xx and network trouble are transient;
     404 names ``what`` (say, the model's Deployment) as missing, permanently; 401/403 and other
     4xx are permanent (fix the config or RBAC; retrying changes nothing)."""
+    from kubernetes.client.exceptions import ApiException
+
     if isinstance(e, ApiException):
         status = int(e.status or 0)
         msg = _api_message(e)
@@ -366,6 +372,7 @@ def make_api_client(*, host: str | None = None, kubeconfig: str | None = None, c
                     in_cluster: bool = False, verify_ssl: bool = True) -> k8s.ApiClient:
     """An ``ApiClient`` from in-cluster credentials, a kubeconfig file, or a bare ``host`` URL
     (tests and ``kubectl proxy``)."""
+    from kubernetes import client as k8s
     from kubernetes import config as kconfig
 
     if in_cluster:
@@ -384,6 +391,8 @@ class KubernetesCluster:
 
     def __init__(self, api_client: k8s.ApiClient, settings: KubernetesSettings = KubernetesSettings(),
                  *, sleep: Callable[[float], None] = time.sleep) -> None:
+        from kubernetes import client as k8s
+
         self.api_client = api_client
         self.apps = k8s.AppsV1Api(api_client)
         self.core = k8s.CoreV1Api(api_client)
@@ -391,6 +400,8 @@ class KubernetesCluster:
         self._sleep = sleep
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
         try:
             return fn()
         except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as e:
@@ -426,6 +437,8 @@ class KubernetesCluster:
             self._call(what, lambda: self.core.patch_namespaced_pod(
                 name, namespace, {"metadata": {"annotations": dict(annotations)}}, _request_timeout=t))
         except PermanentProviderError as e:
+            from kubernetes.client.exceptions import ApiException
+
             if isinstance(e.__cause__, ApiException) and e.__cause__.status == 404:
                 return False
             raise
