@@ -10,8 +10,9 @@ rest of the daemon config, into what the daemon takes. A pool provider's section
 named after it (``aws``, ``gcp``); nothing else here names a cloud.
 
 This module is imported by ``controller.config`` (the schema is part of the daemon config), so it
-imports no ``controller.config``; the adapters' modules come with their settings classes (the
-heavy client factories, the compute and Triton clients, are imported only when building).
+imports no ``controller.config``; it imports the adapters' modules for their settings classes,
+and those import their client libraries (kubernetes, botocore, google-cloud) only when they reach
+the outside, so loading a config pulls in none of them.
 """
 
 from __future__ import annotations
