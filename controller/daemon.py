@@ -13,6 +13,7 @@ reads snapshots (``status()``) under the same lock's protection of the small sha
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -35,6 +36,7 @@ from controller.core.model import (
 )
 from controller.core.pipeline import decide
 from controller.core.reasons import Reason
+from controller.core.signals import NOT_MEASURED_REASONS
 from controller.db.repo import Repository
 from controller.logs import log
 from controller.metrics import DaemonMetrics
@@ -43,12 +45,6 @@ from controller.protocols import Clock, LeaderElector, MetricsSource, PoolProvid
 from policies.base import Registry
 
 logger = logging.getLogger("tidegate.daemon")
-
-SIGNAL_NAMES = (
-    "queue_depth", "p99_latency_ms", "gpu_utilization_pct", "request_rate_per_s",
-    "output_tokens_per_s", "cost_per_million_tokens_usd",
-)
-
 
 READY_SLACK_WALL_S = 2.0
 """Scheduling slack readiness allows on top of three tick intervals, wall seconds (a tick that
@@ -462,9 +458,12 @@ class Daemon:
             m.p99_latency.labels(model=d.model).set(sig.p99_latency_ms.value)
         if sig.queue_depth.value is not None:
             m.queue_depth.labels(model=d.model).set(sig.queue_depth.value)
-        for s in SIGNAL_NAMES:
-            sample = getattr(sig, s)
-            m.signal_missing.labels(model=d.model, signal=s).set(0 if sample.value is not None else 1)
+        for s, sample in sig.samples.items():
+            if sample.value is None and (sample.reason or "").split(":")[0] in NOT_MEASURED_REASONS:
+                with contextlib.suppress(KeyError):  # not measured by design: nothing to page about
+                    m.signal_missing.remove(d.model, s)
+            else:
+                m.signal_missing.labels(model=d.model, signal=s).set(0 if sample.value is not None else 1)
         pol = self.policy_store.policies().get(d.model)
         if pol is not None:
             if pol.spec.budget.max_cost_per_hour_usd is not None:
@@ -583,7 +582,7 @@ class Daemon:
                     }
                 out["models"][name] = {
                     "policy_version": policies[name].version if name in policies else None,
-                    "signals": {s: sample_to_json(getattr(sig, s)) for s in SIGNAL_NAMES} if sig else None,
+                    "signals": {s: sample_to_json(v) for s, v in sig.samples.items()} if sig else None,
                     "pools": pools,
                     "current_replicas": d.current_replicas if d else None,
                     "desired_replicas": d.replicas if d else None,

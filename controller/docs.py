@@ -1,4 +1,5 @@
-"""Reference tables for the README, generated from the pydantic schemas (one schema, one truth).
+"""Reference tables for the README, generated from the pydantic schemas and the signal table (one
+schema, one truth).
 
 ``python -m controller.docs`` rewrites the marked sections of README.md; a test fails when the
 README drifts from the schemas.
@@ -17,6 +18,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from controller.config import DaemonConfig
+from controller.core import signals as signal_table
 from controller.core.spec import ScalingPolicy
 
 
@@ -91,7 +93,19 @@ def table(model: type[BaseModel]) -> str:
     return "\n".join(head + body)
 
 
-SECTIONS = {"config-fields": lambda: table(DaemonConfig), "policy-fields": lambda: table(ScalingPolicy)}
+def signals_table() -> str:
+    """The signal table (``controller.core.signals``), one row per signal."""
+    rows = ["| signal | unit | pools combine | meaning | when missing | default PromQL |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for s in signal_table.SIGNALS:
+        query = "`" + s.promql.replace("|", "\\|") + "`" if s.promql else "none (computed)"
+        where = "" if s.model_signal else " Per pool only, not a `ModelSignals` sample."
+        rows.append(f"| `{s.name}` | {s.unit} | {s.combine.value} | {s.description}{where} | {s.missing} | {query} |")
+    return "\n".join(rows)
+
+
+SECTIONS = {"config-fields": lambda: table(DaemonConfig), "policy-fields": lambda: table(ScalingPolicy),
+            "signals": signals_table}
 
 
 def render_readme(text: str) -> str:

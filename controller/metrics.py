@@ -31,7 +31,7 @@ class DaemonMetrics:
         self.p99_latency = Gauge("tidegate_signal_p99_latency_ms", "Observed p99 latency per model, milliseconds.", ["model"], registry=r)
         self.slo_p99 = Gauge("tidegate_slo_p99_latency_ms", "The policy's p99 latency target per model, milliseconds.", ["model"], registry=r)
         self.queue_depth = Gauge("tidegate_signal_queue_depth", "Observed waiting requests per model.", ["model"], registry=r)
-        self.signal_missing = Gauge("tidegate_signal_missing", "1 while a signal is missing or stale for a model.", ["model", "signal"], registry=r)
+        self.signal_missing = Gauge("tidegate_signal_missing", "1 while a signal is missing or stale for a model (absent for one its source does not measure by design: NotConfigured, NotSimulated).", ["model", "signal"], registry=r)
         self.pool_available = Gauge("tidegate_pool_available", "1 while a pool accepts new replicas of a model, 0 while marked unavailable.", ["model", "pool"], registry=r)
         self.interruptions = Counter("tidegate_spot_interruptions", "Replicas replaced because of spot interruption notices, by pool.", ["pool"], registry=r)
         self.overrides_active = Gauge("tidegate_overrides_active", "Active operator overrides per model.", ["model"], registry=r)

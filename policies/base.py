@@ -68,12 +68,12 @@ class PolicyContext:
 
     def fresh(self, name: str) -> float | None:
         """A signal's value if present, finite and fresh enough, else ``None``."""
-        sample = getattr(self.signals, name)
+        sample = self.signals.sample(name)
         return sample.fresh(self.now, self.max_signal_age_s)
 
     def missing_reason(self, name: str) -> tuple[str, str]:
         """(``MetricMissing`` or ``MetricStale``, message) for a signal ``fresh`` refused."""
-        sample = getattr(self.signals, name)
+        sample = self.signals.sample(name)
         if sample.value is None or not math.isfinite(sample.value):
             why = sample.reason or ("NaN" if sample.value is not None else "no data")
             return Reason.METRIC_MISSING.value, f"{name} is missing ({why})"

@@ -17,9 +17,10 @@ from pydantic import Field
 
 from controller.core.model import Recommendation
 from controller.core.reasons import Reason
+from controller.core.signals import signal
 from controller.core.spec import MAX_SIGNAL_VALUE
 from policies.base import PolicyContext, PolicyKind, StrictParams
-from policies.target_utilization import ABOVE_REASON, SignalName, ceil_replicas, read_signal
+from policies.target_utilization import SignalName, ceil_replicas, read_signal
 
 
 class QueueDepth(PolicyKind):
@@ -71,7 +72,7 @@ class QueueDepth(PolicyKind):
             )
         desired = ceil_replicas(value / p.target_per_replica)
         if desired > current:
-            reason = ABOVE_REASON[p.signal]
+            reason = signal(p.signal).above_reason
         elif desired == current:
             reason = Reason.WITHIN_TARGETS
         else:

@@ -45,6 +45,7 @@ from pydantic import Field
 
 from controller.core.model import Recommendation
 from controller.core.reasons import Reason
+from controller.core.signals import signal
 from controller.core.spec import MAX_LATENCY_MS, MAX_SIGNAL_VALUE
 from policies.base import PolicyContext, PolicyKind, StrictParams
 from policies.target_utilization import (
@@ -67,10 +68,13 @@ class _Opinion:
     message: str
 
 
-def _idle(ctx: PolicyContext) -> bool:
-    """True when the latency is absent because there was no traffic: the source says so
+def _undefined_while_idle(ctx: PolicyContext, name: str) -> bool:
+    """True when signal ``name`` is undefined while idle (the signal table says which: a latency
+    over no request) and is absent because there was no traffic: the source says so
     (``NoRequests``) or the request rate is a fresh zero."""
-    reason = ctx.signals.p99_latency_ms.reason or ""
+    if not signal(name).undefined_when_idle:
+        return False
+    reason = ctx.signals.sample(name).reason or ""
     rate = ctx.fresh("request_rate_per_s")
     return reason.startswith("NoRequests") or rate == 0
 
@@ -128,14 +132,14 @@ class SloGuard(PolicyKind):
         missing: list[tuple[str, str]] = []
         configured = 0
 
-        def pressure(sub: str, signal: str, target: float | None, unit: str) -> None:
+        def pressure(sub: str, signal_name: str, target: float | None, unit: str) -> None:
             nonlocal configured
             if target is None or sub in p.ignore:
                 return
             configured += 1
-            value, code, why = read_signal(ctx, signal)
+            value, code, why = read_signal(ctx, signal_name)
             if value is None:
-                if sub == "latency" and _idle(ctx):
+                if _undefined_while_idle(ctx, signal_name):
                     # No request completed because none arrived: an idle model has no latency to
                     # guard, and reading that as missing data would hold an idle fleet forever.
                     return
@@ -145,11 +149,10 @@ class SloGuard(PolicyKind):
                 per_replica = value / base
                 ratio = per_replica / target
                 shown = f"queue {value:g} = {per_replica:.3g}/replica over {base} vs target {target:g}"
-                above_reason = Reason.QUEUE_ABOVE_TARGET
             else:
                 ratio = value / target
                 shown = f"p99 {value:g}{unit} vs target {target:g}{unit}"
-                above_reason = Reason.LATENCY_ABOVE_TARGET
+            above_reason = signal(signal_name).above_reason
             if ratio > 1:
                 desired = ceil_replicas(base * ratio)
                 replicas = max(current, desired)
@@ -164,22 +167,22 @@ class SloGuard(PolicyKind):
                                          f"{shown} (< {p.scale_down_below_ratio:g} x target) -> "
                                          "no objection to scale-down"))
 
-        def load(sub: str, signal: str, per_replica: float | None, shown_unit: str) -> None:
+        def load(sub: str, signal_name: str, per_replica: float | None, shown_unit: str) -> None:
             nonlocal configured
             if per_replica is None or sub in p.ignore:
                 return
             configured += 1
-            value, code, why = read_signal(ctx, signal)
+            value, code, why = read_signal(ctx, signal_name)
             if value is None:
                 missing.append((code, why))
                 return
+            reason = signal(signal_name).above_reason
             if sub == "utilization":
                 ratio = value / per_replica
                 replicas = scale_from_ratio(ctx, ratio)
                 above = ratio > 1
                 shown = (f"gpu util {value:g}% vs target {per_replica:g}% over {base} ready "
                          f"-> {replicas}")
-                reason = Reason.UTILIZATION_ABOVE_TARGET
             else:
                 planned = per_replica * p.capacity_fraction
                 desired = ceil_replicas(value / planned)
@@ -189,7 +192,6 @@ class SloGuard(PolicyKind):
                 replicas = desired
                 shown = (f"{sub} {value:g}{shown_unit} / ({per_replica:g} x {p.capacity_fraction:g} "
                          f"per replica) = {desired}")
-                reason = Reason.THROUGHPUT_ABOVE_CAPACITY
             opinions.append(_Opinion(sub, replicas, above, reason, shown))
 
         slo_latency = p.p99_latency_ms if p.p99_latency_ms is not None else ctx.slo.p99_latency_ms

@@ -6,47 +6,29 @@ the current replicas (``pkg/controller/podautoscaler/replica_calculator.go``). L
 recommendation never goes against the direction the metric points at (a ratio above 1 never
 recommends fewer replicas than now, below 1 never more), and missing data is never read as zero.
 
-This module also holds the small helpers the other built-in kinds share (signal names, the
-proportional base, a float-safe ceiling), so that they compute the same way.
+This module also holds the small helpers the other built-in kinds share (the signal names a rule
+may read, the proportional base, a float-safe ceiling), so that they compute the same way.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from controller.core.model import Recommendation
 from controller.core.reasons import Reason
+from controller.core.signals import model_signal_names, signal
 from controller.core.spec import MAX_SIGNAL_VALUE
 from policies.base import PolicyContext, PolicyKind, StrictParams
 
-SignalName = Literal[
-    "queue_depth",
-    "p99_latency_ms",
-    "gpu_utilization_pct",
-    "request_rate_per_s",
-    "output_tokens_per_s",
-    "input_tokens_per_s",
-    "kv_cache_utilization_pct",
-    "cost_per_million_tokens_usd",
-]
-"""The ``Sample`` fields of ``ModelSignals`` a rule may read (a unit test keeps the two in sync)."""
-
-SIGNAL_NAMES: tuple[str, ...] = get_args(SignalName)
-
-# The reason code a signal above its target reports.
-ABOVE_REASON: dict[str, Reason] = {
-    "queue_depth": Reason.QUEUE_ABOVE_TARGET,
-    "p99_latency_ms": Reason.LATENCY_ABOVE_TARGET,
-    "gpu_utilization_pct": Reason.UTILIZATION_ABOVE_TARGET,
-    "kv_cache_utilization_pct": Reason.UTILIZATION_ABOVE_TARGET,
-    "request_rate_per_s": Reason.THROUGHPUT_ABOVE_CAPACITY,
-    "output_tokens_per_s": Reason.THROUGHPUT_ABOVE_CAPACITY,
-    "input_tokens_per_s": Reason.THROUGHPUT_ABOVE_CAPACITY,
-    "cost_per_million_tokens_usd": Reason.UTILIZATION_ABOVE_TARGET,
-}
+if TYPE_CHECKING:
+    SignalName = str
+else:
+    # The ``ModelSignals`` samples a rule may read, the signal table's (``controller.core.signals``),
+    # as a Literal so that the policy schema lists them and a typo is refused.
+    SignalName = Literal[model_signal_names()]
 
 
 def ceil_replicas(x: float) -> int:
@@ -154,7 +136,7 @@ class TargetUtilization(PolicyKind):
             desired = ceil_replicas(value / p.target)
             replicas = max(current, desired) if ratio > 1 else min(current, desired)
         # HPA: the result never goes against the direction the metric points at.
-        reason = ABOVE_REASON[p.signal] if ratio > 1 else Reason.BELOW_TARGETS
+        reason = signal(p.signal).above_reason if ratio > 1 else Reason.BELOW_TARGETS
         return Recommendation(
             rule=self.rule, kind=self.name, replicas=replicas, reason=reason.value,
             message=f"{shown}: ratio {ratio:.3f} -> {replicas} replicas (from {base} ready)",

@@ -14,7 +14,7 @@ assumption) or no tokens served gives ``Sample(None, reason)``, never a cost of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Mapping
 
@@ -125,5 +125,5 @@ def with_cost(signals: ModelSignals, model: ModelSpec, pools: Mapping[str, PoolS
     token rate."""
     per_hour = model_cost_per_hour_usd(model, pools, signals.pools, now, onprem=onprem, power_kw=power_kw,
                                        max_age_s=max_age_s)
-    return replace(signals, cost_per_million_tokens_usd=cost_per_million_tokens_usd(
+    return signals.replace_samples(cost_per_million_tokens_usd=cost_per_million_tokens_usd(
         per_hour, signals.output_tokens_per_s, now, max_age_s))

@@ -41,14 +41,15 @@ import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from string import Template
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from requests.adapters import Retry
 
 from controller.core.model import ModelSignals, ModelSpec, Sample
+from controller.core.signals import queried_signals, signal
 
 log = logging.getLogger("tidegate.providers.prometheus")
 
@@ -82,70 +83,19 @@ def reason_code(sample: Sample) -> str | None:
     return sample.reason.split(":", 1)[0]
 
 
-# Signals the source fills in ``ModelSignals`` (field names), and how pools combine into the
-# model's value: queues and rates add up; latency and KV pressure take the worst pool (a p99
-# cannot be averaged, and the most pressured pool is the one that hurts); GPU utilization is the
-# unweighted mean of the pools' means.
-SIGNALS: tuple[str, ...] = (
-    "queue_depth", "p99_latency_ms", "gpu_utilization_pct", "request_rate_per_s",
-    "output_tokens_per_s", "input_tokens_per_s", "kv_cache_utilization_pct",
-)
-EXTRA_SIGNALS: tuple[str, ...] = ("gpu_power_kw",)
-"""Read per pool for the cost of on-prem pools (``providers.cost``); not a ``ModelSignals`` field."""
-COMBINE: Mapping[str, str] = {
-    "queue_depth": "sum", "p99_latency_ms": "max", "gpu_utilization_pct": "mean",
-    "request_rate_per_s": "sum", "output_tokens_per_s": "sum", "input_tokens_per_s": "sum",
-    "kv_cache_utilization_pct": "max", "gpu_power_kw": "sum",
-}
+SIGNALS: tuple[str, ...] = tuple(s.name for s in queried_signals() if s.model_signal)
+"""The ``ModelSignals`` samples this source fills: the signal table's rows with a default query
+(``controller.core.signals``). Pools combine as each row says."""
+EXTRA_SIGNALS: tuple[str, ...] = tuple(s.name for s in queried_signals() if not s.model_signal)
+"""Read per pool only (e.g. ``gpu_power_kw`` for the cost of on-prem pools, ``providers.cost``)."""
 ESTIMATE_LABEL = "tidegate_estimate"
 """Label the default latency query attaches to say which estimate answered (``p99``,
 ``p99_first_response`` or ``mean``)."""
 
-# The join that gives DCGM's per-GPU series the serving pod's model and pool: a 0-valued marker per
-# (namespace, pod, model, pool) from Triton's own series, plus the pod's GPU value. Pre-aggregating
-# DCGM per pod keeps the match many-to-one even when one pod serves several Triton models (a
-# TensorRT-LLM ensemble) and holds several GPUs (tensor parallelism).
-_POD_MARKER = "max by (namespace, pod, ${model}, ${pool}) (nv_inference_request_success * 0)"
-
-DEFAULT_QUEUE_DEPTH = (
-    'sum by (${model}, ${pool}) (nv_trt_llm_request_metrics{request_type="waiting"})'
-    " or on (${model}, ${pool}) "
-    "sum by (${model}, ${pool}) (nv_inference_pending_request_count)"
-)
-DEFAULT_P99_LATENCY_MS = (
-    'label_replace(max by (${model}, ${pool}) (nv_inference_request_summary_us{quantile="0.99"}) / 1000,'
-    ' "tidegate_estimate", "p99", "", "")'
-    " or on (${model}, ${pool}) "
-    "label_replace(histogram_quantile(0.99, sum by (${model}, ${pool}, le)"
-    " (rate(nv_inference_first_response_histogram_ms_bucket[${window}]))),"
-    ' "tidegate_estimate", "p99_first_response", "", "")'
-    " or on (${model}, ${pool}) "
-    "label_replace(sum by (${model}, ${pool}) (rate(nv_inference_request_duration_us[${window}]))"
-    " / sum by (${model}, ${pool}) (rate(nv_inference_request_success[${window}])) / 1000,"
-    ' "tidegate_estimate", "mean", "", "")'
-)
-DEFAULT_GPU_UTILIZATION_PCT = (
-    f"avg by (${{model}}, ${{pool}}) ({_POD_MARKER}"
-    " + on (namespace, pod) group_left avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL))"
-)
-DEFAULT_REQUEST_RATE = "sum by (${model}, ${pool}) (rate(nv_inference_request_success[${window}]))"
-DEFAULT_OUTPUT_TOKENS = "sum by (${model}, ${pool}) (rate(nv_llm_output_token_len_sum[${window}]))"
-DEFAULT_INPUT_TOKENS = "sum by (${model}, ${pool}) (rate(nv_llm_input_token_len_sum[${window}]))"
-DEFAULT_KV_CACHE_PCT = (
-    'max by (${model}, ${pool}) (nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}) * 100'
-    " or on (${model}, ${pool}) "
-    'max by (${model}, ${pool}) (nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used"}'
-    ' / ignoring (kv_cache_block_type) nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max"}) * 100'
-)
-DEFAULT_GPU_POWER_KW = (
-    f"sum by (${{model}}, ${{pool}}) ({_POD_MARKER}"
-    " + on (namespace, pod) group_left"
-    " sum by (namespace, pod) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[${window}]))) / 1e6"
-)
 DEFAULT_FRESHNESS = "min by (${model}, ${pool}) (timestamp(nv_inference_request_success))"
 
 
-class PromQueries(BaseModel):
+class _PromQueries(BaseModel):
     """The PromQL the source runs, one query per signal kind per tick (``null`` turns a signal
     off: it is then reported missing with ``NotConfigured``).
 
@@ -155,6 +105,9 @@ class PromQueries(BaseModel):
     defaults expect Triton's series to carry ``namespace`` and ``pod`` target labels (the usual
     Kubernetes pod relabelling) and the DCGM exporter's pod mapping (scraped with
     ``honor_labels: true``) for the GPU join.
+
+    One setting per row of the signal table that has a default query (``controller.core.signals``),
+    between ``rate_window`` and ``freshness``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -162,36 +115,25 @@ class PromQueries(BaseModel):
     rate_window: str = Field(
         default="1m", pattern=r"^[0-9]+(ms|s|m|h)$",
         description="Range of rate() windows. At least 4 scrape intervals so a single missed scrape does not empty the rate; longer smooths more and reacts later.")
-    queue_depth: str | None = Field(
-        default=DEFAULT_QUEUE_DEPTH,
-        description="Requests waiting per model and pool. TensorRT-LLM: nv_trt_llm_request_metrics{request_type=\"waiting\"} (the in-flight batcher's queue); other Triton backends: nv_inference_pending_request_count. Pools add up.")
-    p99_latency_ms: str | None = Field(
-        default=DEFAULT_P99_LATENCY_MS,
-        description="p99 request latency in ms, first answer wins: Triton's summary quantile (needs --metrics-config summary_latencies=true), then histogram_quantile over nv_inference_first_response_histogram_ms (time to first response; histogram_latencies=true), then the mean from the cumulative duration counters, marked AverageNotP99 through the tidegate_estimate label. The worst pool counts.")
-    gpu_utilization_pct: str | None = Field(
-        default=DEFAULT_GPU_UTILIZATION_PCT,
-        description="GPU utilization 0-100 of the GPUs of the serving pods: DCGM_FI_DEV_GPU_UTIL joined on (namespace, pod) to Triton's series. Pools combine as the unweighted mean.")
-    request_rate_per_s: str | None = Field(
-        default=DEFAULT_REQUEST_RATE, description="Successful requests per second (rate of nv_inference_request_success). Pools add up.")
-    output_tokens_per_s: str | None = Field(
-        default=DEFAULT_OUTPUT_TOKENS, description="Output tokens per second: rate of the sum of the TensorRT-LLM backend's nv_llm_output_token_len histogram. Pools add up.")
-    input_tokens_per_s: str | None = Field(
-        default=DEFAULT_INPUT_TOKENS, description="Prompt tokens per second: rate of the sum of nv_llm_input_token_len. Pools add up.")
-    kv_cache_utilization_pct: str | None = Field(
-        default=DEFAULT_KV_CACHE_PCT,
-        description="KV-cache blocks in use, percent: nv_trt_llm_kv_cache_block_metrics fraction, or used/max on backends without it. The worst pool counts.")
-    gpu_power_kw: str | None = Field(
-        default=DEFAULT_GPU_POWER_KW,
-        description="Power drawn by the serving pods' GPUs in kW: rate of DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (mJ since boot) / 1e6. Used for the energy part of on-prem cost.")
-    freshness: str | None = Field(
-        default=DEFAULT_FRESHNESS,
-        description="Unix time of the oldest latest scrape per (model, pool). A query's evaluation time says nothing about how old the data is (a restarted Prometheus serves its last pre-restart scrape for up to its lookback delta); samples are dated by this instead and count as stale past max_sample_age_s. null: date samples by the evaluation time.")
 
     def render(self, name: str, model_label: str, pool_label: str) -> str | None:
         text = getattr(self, name)
         if text is None:
             return None
         return Template(text).substitute(model=model_label, pool=pool_label, window=self.rate_window)
+
+
+if TYPE_CHECKING:
+    PromQueries = _PromQueries
+else:
+    PromQueries = create_model(
+        "PromQueries", __base__=_PromQueries, __module__=__name__, __doc__=_PromQueries.__doc__,
+        **{s.name: (str | None, Field(default=s.promql, description=f"{s.promql_help} {s.combine.sentence}"))
+           for s in queried_signals()},
+        freshness=(str | None, Field(
+            default=DEFAULT_FRESHNESS,
+            description="Unix time of the oldest latest scrape per (model, pool). A query's evaluation time says nothing about how old the data is (a restarted Prometheus serves its last pre-restart scrape for up to its lookback delta); samples are dated by this instead and count as stale past max_sample_age_s. null: date samples by the evaluation time.")),
+    )
 
 
 class PrometheusSettings(BaseModel):
@@ -360,8 +302,7 @@ class PrometheusMetricsSource:
                 per_model[n][sig] = self._combine(sig, n, samples, ran.get(sig, ""))
         signals = {}
         for n in names:
-            fields: dict[str, Any] = {s: per_model[n][s] for s in SIGNALS}
-            signals[n] = ModelSignals(model=n, at=now, **fields)
+            signals[n] = ModelSignals(n, now, samples={s: per_model[n][s] for s in SIGNALS})
         obs = Observation(at=now, models=signals, pools={k: dict(v) for k, v in per_pool.items()}, queries=queries)
         self.last = obs
         return obs
@@ -440,8 +381,7 @@ class PrometheusMetricsSource:
             return Sample.missing(f"{lead}: " + "; ".join(f"{p or '-'}: {s.reason}" for p, s in sorted(bad.items())),
                                   min(ats) if ats else None)
         vals = [s.value for s in good.values() if s.value is not None]
-        how = COMBINE.get(sig, "sum")
-        value = sum(vals) if how == "sum" else max(vals) if how == "max" else sum(vals) / len(vals)
+        value = signal(sig).combine.apply(vals)
         at = min(s.at for s in good.values() if s.at is not None)
         notes = sorted({s.reason for s in good.values() if s.reason})
         reason: str | None = None
@@ -455,17 +395,23 @@ class PrometheusMetricsSource:
         return Sample(value, at, reason)
 
     def _explain_idle_latency(self, per_pool: dict[tuple[str, str], dict[str, Sample]]) -> None:
-        """A p99 of NaN while the pool's request rate is 0 means "no request completed in the
-        window": still missing (latency is undefined), but say so, so that nobody reads a broken
-        exporter into an idle pool or the other way round, and so that an idle pool does not make
-        the model's latency look partial."""
+        """A NaN of a signal that is undefined while idle (a p99 over no request, see the signal
+        table) while the pool's request rate is 0 means "no request completed in the window":
+        still missing (the value is undefined), but say so, so that nobody reads a broken exporter
+        into an idle pool or the other way round, and so that an idle pool does not make the
+        model's value look partial."""
+        idle_undefined = [s.name for s in queried_signals() if s.undefined_when_idle]
         for (model, pool), ps in per_pool.items():
-            lat, rate = ps.get("p99_latency_ms"), ps.get("request_rate_per_s")
-            if lat is None or rate is None or reason_code(lat) != Code.NAN.value or rate.value != 0.0:
+            rate = ps.get("request_rate_per_s")
+            if rate is None or rate.value != 0.0:
                 continue
-            ps["p99_latency_ms"] = Sample.missing(
-                f"{Code.NO_REQUESTS.value}: model={model} pool={pool or '-'} completed no requests in the window"
-                " (idle); latency undefined", lat.at)
+            for name in idle_undefined:
+                smp = ps.get(name)
+                if smp is None or reason_code(smp) != Code.NAN.value:
+                    continue
+                ps[name] = Sample.missing(
+                    f"{Code.NO_REQUESTS.value}: model={model} pool={pool or '-'} completed no requests in the window"
+                    f" (idle); {name} undefined", smp.at)
 
     # ---- HTTP
 

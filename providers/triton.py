@@ -20,7 +20,7 @@ Prometheus could not give, and the model is marked degraded (with the reason) wh
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -305,7 +305,7 @@ class CombinedMetricsSource:
         for m in models:
             p = prim.get(m.name) or ModelSignals(model=m.name, at=now)
             f = fb.get(m.name)
-            changes: dict[str, Any] = {}
+            changes: dict[str, Sample] = {}
             missing: list[str] = []
             filled: list[str] = []
             for sig in self.fill:
@@ -320,7 +320,7 @@ class CombinedMetricsSource:
                 ps = getattr(p, sig)
                 if ps.value is None and _code(ps) != NO_REQUESTS:
                     missing.append(f"{sig}: {ps.reason}")
-            out[m.name] = replace(p, **changes) if changes else p
+            out[m.name] = p.replace_samples(**changes) if changes else p
             before = self._degraded.get(m.name)
             if missing:
                 reason = "PrometheusUnavailable: " + "; ".join(missing)[:400]

@@ -9,7 +9,8 @@ providers did about it (``Action``).
 These are frozen dataclasses, not pydantic models: they are built every tick (and millions of times
 in the simulator), they carry no validation of their own (config and policy files are validated at
 load by the pydantic schemas in ``controller.config`` and ``controller.policyfile``), and they
-import nothing but the standard library so that the core stays pure.
+import nothing but the standard library (and the core's own signal table, which ``ModelSignals``
+derives its samples from) so that the core stays pure.
 
 Units live in the names: ``_s`` seconds, ``_ms`` milliseconds, ``_usd`` US dollars, ``_pct`` percent
 (0-100), ``_per_s`` per second.
@@ -21,7 +22,9 @@ import enum
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+from controller.core import signals as signal_table
 
 
 class Tier(str, enum.Enum):
@@ -176,26 +179,67 @@ class PoolState:
     at: datetime | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ModelSignals:
-    """Load and health of one model across its pools at one tick."""
+    """Load and health of one model across its pools at one tick.
+
+    One ``Sample`` per ``ModelSignals`` row of the signal table (``controller.core.signals``),
+    read as ``signals.<name>`` (or ``signals.sample(name)``); a signal not given is ``MISSING``.
+    Built as ``ModelSignals(model, at, queue_depth=Sample(...), ...)`` or with ``samples=``; a
+    name the table does not hold is a ``TypeError``, as an unknown field would be.
+    """
 
     model: str
     at: datetime
-    queue_depth: Sample = MISSING
-    """Requests waiting (not yet scheduled into a batch), summed over replicas."""
-    p99_latency_ms: Sample = MISSING
-    gpu_utilization_pct: Sample = MISSING
-    """Mean GPU utilization of the model's GPUs, 0-100."""
-    request_rate_per_s: Sample = MISSING
-    output_tokens_per_s: Sample = MISSING
-    input_tokens_per_s: Sample = MISSING
-    kv_cache_utilization_pct: Sample = MISSING
-    cost_per_million_tokens_usd: Sample = MISSING
-    pools: Mapping[str, PoolState] = field(default_factory=dict)
-    degraded: str | None = None
+    samples: Mapping[str, Sample]
+    """Signal name -> sample, every ``ModelSignals`` row of the table, in table order."""
+    pools: Mapping[str, PoolState]
+    degraded: str | None
     """Why this observation is degraded (e.g. ``PrometheusUnavailable: ...`` while values come from
     a fallback source); ``None`` when healthy. Degraded observations never release capacity."""
+
+    def __init__(self, model: str, at: datetime, *, samples: Mapping[str, Sample] | None = None,
+                 pools: Mapping[str, PoolState] | None = None, degraded: str | None = None,
+                 **named: Sample) -> None:
+        names = signal_table.model_signal_names()
+        given = {**samples, **named} if samples else named
+        full = {n: given.get(n, MISSING) for n in names}
+        if any(n not in full for n in given):
+            unknown = [n for n in given if n not in full]
+            raise TypeError(f"ModelSignals has no signal {', '.join(map(repr, unknown))} "
+                            f"(the signal table has: {', '.join(names)})")
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "at", at)
+        object.__setattr__(self, "samples", full)
+        object.__setattr__(self, "pools", {} if pools is None else pools)
+        object.__setattr__(self, "degraded", degraded)
+
+    @classmethod
+    def all_missing(cls, model: str, at: datetime, sample: Sample, **kw: Any) -> "ModelSignals":
+        """Every signal the same missing ``sample`` (e.g. no data at all for this model)."""
+        return cls(model, at, samples=dict.fromkeys(signal_table.model_signal_names(), sample), **kw)
+
+    def sample(self, name: str) -> Sample:
+        """The sample of signal ``name`` (``KeyError`` for a name the table does not hold)."""
+        try:
+            return self.samples[name]
+        except KeyError:
+            raise KeyError(f"unknown signal {name!r} (known: {', '.join(self.samples)})") from None
+
+    def replace_samples(self, **changes: Sample) -> "ModelSignals":
+        """A copy with some samples changed."""
+        return ModelSignals(self.model, self.at, samples={**self.samples, **changes}, pools=self.pools,
+                            degraded=self.degraded)
+
+    if TYPE_CHECKING:
+        # ``signals.queue_depth`` and the like: one accessor per table row (installed below; rows a
+        # test adds to the table at run time are served by ``__getattr__``).
+        def __getattr__(self, name: str) -> Sample: ...
+    else:
+        def __getattr__(self, name: str) -> Sample:
+            if name != "samples" and name in signal_table.model_signal_names():
+                return self.samples.get(name, MISSING)
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def current_replicas(self) -> int | None:
@@ -215,6 +259,15 @@ class ModelSignals:
                 return None
             total += st.ready_replicas
         return total
+
+
+def _accessor(name: str) -> property:
+    return property(lambda self: self.samples[name], doc=signal_table.signal(name).description)
+
+
+for _name in signal_table.model_signal_names():
+    setattr(ModelSignals, _name, _accessor(_name))
+del _name
 
 
 class Opinion(str, enum.Enum):

@@ -56,11 +56,9 @@ from controller.core.overrides import OverrideEffect, resolve
 from controller.core.placement import PlacementResult, place, placement_cost, preferred_pool
 from controller.core.policy import EffectivePolicy
 from controller.core.reasons import Reason
+from controller.core.signals import pooled_signal_names
 from controller.core.spec import Behavior, Bounds, Budget, MissingData, OnMissing, PolicySpec
 from policies.base import PolicyContext, SLOTargets
-
-_SAMPLE_NAMES = ("queue_depth", "p99_latency_ms", "gpu_utilization_pct", "request_rate_per_s",
-                 "output_tokens_per_s", "input_tokens_per_s", "kv_cache_utilization_pct")
 
 STAGES = ("recommend", "combine", "tolerance", "missing-data", "stabilize", "rate-limit", "bounds",
           "overrides", "placement", "budget", "outcome")
@@ -310,7 +308,7 @@ def _observation_gaps(signals: ModelSignals) -> tuple[Recommendation, ...]:
     if signals.degraded:
         return (Recommendation(rule=f"degraded: {signals.degraded}", kind="observation", replicas=None,
                                reason=Reason.METRIC_MISSING.value, missing_data=True),)
-    partial_samples = [n for n in _SAMPLE_NAMES if (getattr(signals, n).reason or "").startswith("Partial")]
+    partial_samples = [n for n in pooled_signal_names() if (signals.sample(n).reason or "").startswith("Partial")]
     if partial_samples:
         return (Recommendation(rule=f"partial data: {', '.join(partial_samples)}", kind="observation",
                                replicas=None, reason=Reason.METRIC_MISSING.value, missing_data=True),)

@@ -43,6 +43,7 @@ from controller.core.model import (
     ScaleEvent,
     Stage,
 )
+from controller.core.signals import model_signal_names
 
 __all__ = [
     "encode_datetime",
@@ -202,40 +203,28 @@ def pool_state_from_json(data: Mapping[str, Any]) -> PoolState:
     )
 
 
-# The Sample-valued fields of ModelSignals, in declaration order.
-_SIGNAL_SAMPLES = (
-    "queue_depth",
-    "p99_latency_ms",
-    "gpu_utilization_pct",
-    "request_rate_per_s",
-    "output_tokens_per_s",
-    "input_tokens_per_s",
-    "kv_cache_utilization_pct",
-    "cost_per_million_tokens_usd",
-)
-
-
 def signals_to_json(signals: ModelSignals) -> dict[str, Any]:
     out: dict[str, Any] = {"model": signals.model, "at": encode_datetime(signals.at)}
-    for name in _SIGNAL_SAMPLES:
-        out[name] = sample_to_json(getattr(signals, name))
+    for name, sample in signals.samples.items():
+        out[name] = sample_to_json(sample)
     out["pools"] = {name: pool_state_to_json(st) for name, st in signals.pools.items()}
     out["degraded"] = signals.degraded
     return out
 
 
 def signals_from_json(data: Mapping[str, Any]) -> ModelSignals:
-    # A sample absent from the stored row (an older writer) reads as missing, never as zero.
+    # A sample absent from the stored row (an older writer, or a signal added to the table since)
+    # reads as missing, never as zero; a stored signal the table no longer has is left out.
     samples = {
         name: sample_from_json(data[name]) if data.get(name) is not None else Sample.missing("NoData")
-        for name in _SIGNAL_SAMPLES
+        for name in model_signal_names()
     }
     return ModelSignals(
         model=data["model"],
         at=decode_datetime(data["at"]),
         pools={name: pool_state_from_json(st) for name, st in (data.get("pools") or {}).items()},
         degraded=data.get("degraded"),
-        **samples,
+        samples=samples,
     )
 
 

@@ -51,6 +51,7 @@ from typing import Any, Callable, Literal, Mapping, Protocol
 import numpy as np
 
 from controller.core.model import ModelSignals, ModelSpec, PoolSpec, PoolState, Sample
+from controller.core.signals import model_signal_names
 from controller.sim.service import (
     TAIL_U,
     TAIL_W,
@@ -1085,15 +1086,8 @@ class Simulation:
         samples = self.scrape_samples
         missing = _NOT_SCRAPED
         pools, pending, ready, desired = self._pool_views(at)
-        sig = ModelSignals(
-            model=self.model.name, at=at,
-            queue_depth=samples.get("queue_depth", missing), p99_latency_ms=samples.get("p99_latency_ms", missing),
-            gpu_utilization_pct=samples.get("gpu_utilization_pct", missing),
-            request_rate_per_s=samples.get("request_rate_per_s", missing),
-            output_tokens_per_s=samples.get("output_tokens_per_s", missing),
-            input_tokens_per_s=samples.get("input_tokens_per_s", missing),
-            kv_cache_utilization_pct=samples.get("kv_cache_utilization_pct", missing),
-            cost_per_million_tokens_usd=samples.get("cost_per_million_tokens_usd", missing), pools=pools)
+        sig = ModelSignals(self.model.name, at, samples={n: samples.get(n, missing) for n in model_signal_names()},
+                           pools=pools)
         win = self.opt.rate_window_s
         if self.mode == "requests":
             lo = bisect_left(self.arrivals, self.now - win, 0, self.next_req)

@@ -297,18 +297,10 @@ class SimWorld:
     def _observe_model(self, name: str, now: datetime) -> ModelSignals:
         m = self._models.get(name)
         if m is None:
-            miss = Sample.missing("UnknownModel", now)
-            return ModelSignals(
-                model=name, at=now, queue_depth=miss, p99_latency_ms=miss, gpu_utilization_pct=miss,
-                request_rate_per_s=miss, output_tokens_per_s=miss, input_tokens_per_s=miss,
-                kv_cache_utilization_pct=miss, cost_per_million_tokens_usd=miss)
+            return ModelSignals.all_missing(name, now, Sample.missing("UnknownModel", now))
         t = self._t
         if any(a <= t < b for a, b in self._metric_gaps):
-            miss = Sample.missing("NoData", now)
-            return ModelSignals(
-                model=name, at=now, queue_depth=miss, p99_latency_ms=miss, gpu_utilization_pct=miss,
-                request_rate_per_s=miss, output_tokens_per_s=miss, input_tokens_per_s=miss,
-                kv_cache_utilization_pct=miss, cost_per_million_tokens_usd=miss)
+            return ModelSignals.all_missing(name, now, Sample.missing("NoData", now))
 
         lam = m.load.requests_per_s(t)
         c, mu = self._service_rate(m, t)

@@ -3,13 +3,18 @@ fleet, SQLite decision log, manual clock), exercised over HTTP."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import httpx
 import pytest
 
+from controller.core import signals as signal_table
+from controller.core.model import ModelSignals, Sample
+from controller.core.signals import NOT_MEASURED_REASONS, model_signal_names
 from tests.integration.daemon_harness import Harness, build_harness, serving
+from tests.unit.test_signal_table import FAKE
 
 ADMIN = "s3cret-admin"
 VIEWER = "s3cret-viewer"
@@ -166,3 +171,56 @@ def test_policies_reload_keeps_last_good_and_shows_errors(served: tuple[Harness,
     last = c.get("/v1/decisions", headers=_h(VIEWER), params={"limit": 1}).json()["items"][0]
     assert last["policy_version"] == h.daemon.policy_store.policies()[MODEL].version
     assert str(before) != str(body)
+
+
+def _signal_missing(metrics_text: str, name: str) -> float | None:
+    prefix = f'tidegate_signal_missing{{model="{MODEL}",signal="{name}"}} '
+    lines = [ln for ln in metrics_text.splitlines() if ln.startswith(prefix)]
+    assert len(lines) <= 1, lines
+    return float(lines[0][len(prefix):]) if lines else None
+
+
+def test_status_and_metrics_show_every_signal_of_the_table(served: tuple[Harness, httpx.Client]) -> None:
+    """Every ModelSignals sample, KV cache and input tokens included, is in /v1/status and in
+    tidegate_signal_missing, which says missing exactly when the status has no value."""
+    h, c = served
+    h.run(30)
+    shown = c.get("/v1/status", headers=_h(VIEWER)).json()["models"][MODEL]["signals"]
+    assert list(shown) == list(model_signal_names())
+    text = c.get("/metrics").text
+    for name, sample in shown.items():
+        not_measured = sample["value"] is None and (sample["reason"] or "").split(":")[0] in NOT_MEASURED_REASONS
+        # a signal the source does not measure by design (the demo world's KV cache) is no alert
+        expected = None if not_measured else 1.0 if sample["value"] is None else 0.0
+        assert _signal_missing(text, name) == expected, (name, sample)
+    assert _signal_missing(text, "kv_cache_utilization_pct") is None  # the demo world: NotSimulated
+    assert shown["input_tokens_per_s"]["value"] > 0
+
+
+def test_a_signal_added_to_the_table_reaches_status_metrics_and_the_decision_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's "Adding a signal": one row in the table plus the source that measures it; the
+    daemon's status, metrics and decision log carry it with no other edit."""
+    monkeypatch.setattr(signal_table, "SIGNALS", signal_table.SIGNALS + (FAKE,))
+    h = build_harness(tmp_path)
+    world = h.daemon.metrics_source
+
+    class Thermometer:
+        """The source that measures it: the simulated world's signals plus a GPU temperature."""
+
+        def observe(self, models: Any, now: datetime) -> dict[str, ModelSignals]:
+            return {name: sig.replace_samples(gpu_temperature_c=Sample(71.5, now))
+                    for name, sig in world.observe(models, now).items()}
+
+    h.daemon.metrics_source = Thermometer()
+    try:
+        with serving(h, {"TIDEGATE_VIEWER_TOKENS": f"victor:{VIEWER}"}) as url, \
+                httpx.Client(base_url=url, timeout=10) as c:
+            h.run(10)
+            status = c.get("/v1/status", headers=_h(VIEWER)).json()["models"][MODEL]
+            assert status["signals"]["gpu_temperature_c"]["value"] == 71.5
+            assert _signal_missing(c.get("/metrics").text, "gpu_temperature_c") == 0.0
+            row = c.get(f"/v1/decisions/{status['last_decision']['id']}", headers=_h(VIEWER)).json()
+            assert row["signals"]["gpu_temperature_c"]["value"] == 71.5
+    finally:
+        h.close()

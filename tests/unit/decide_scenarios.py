@@ -39,19 +39,20 @@ from controller.core.model import (
 )
 from controller.core.policy import EffectivePolicy
 from controller.core.reasons import Reason
+from controller.core.signals import model_signal_names
 from controller.core.spec import PolicySpec
 from policies.base import PolicyContext, PolicyKind, Registry
 from policies.forecast import Forecast
 from policies.queue_depth import QueueDepth
 from policies.schedule import Schedule
 from policies.slo_guard import SloGuard
-from policies.target_utilization import SIGNAL_NAMES, TargetUtilization
+from policies.target_utilization import TargetUtilization
 from tests.unit.test_pipeline import Fixed
 
 START = datetime(2025, 3, 3, 7, 50, tzinfo=timezone.utc)
 TICKS = 4
 GPUS = ("A100", "H100", "L4")
-SAMPLES = SIGNAL_NAMES
+SAMPLES = model_signal_names()
 
 
 class Scripted(Fixed):

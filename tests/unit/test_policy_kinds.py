@@ -22,12 +22,13 @@ from controller.core.model import (
     Sample,
 )
 from controller.core.reasons import Reason
+from controller.core.signals import model_signal_names, signal
 from policies.base import PolicyContext, PolicyKind, Registry, SLOTargets, UnknownPolicyKind
 from policies.cron import parse_cron
 from policies.queue_depth import QueueDepth
 from policies.schedule import Schedule
 from policies.slo_guard import SloGuard
-from policies.target_utilization import SIGNAL_NAMES, TargetUtilization
+from policies.target_utilization import TargetUtilization
 
 UTC = timezone.utc
 NOW = datetime(2024, 9, 9, 12, 0, tzinfo=UTC)  # a Monday
@@ -106,9 +107,18 @@ def test_every_param_has_a_description_and_unknown_keys_are_errors(kind: type[Po
     assert kind.description
 
 
-def test_signal_names_are_the_sample_fields_of_model_signals() -> None:
-    samples = {f.name for f in dataclasses.fields(ModelSignals) if f.type in ("Sample", Sample)}
-    assert set(SIGNAL_NAMES) == samples
+@pytest.mark.parametrize("name", model_signal_names())
+def test_a_rule_may_track_every_signal_of_the_table_and_reports_its_reason(name: str) -> None:
+    rule = build(TargetUtilization, signal=name, target=10)
+    rec = rule.recommend(ctx(current=2, ready=2, **{name: 40}))
+    assert (rec.replicas, rec.reason) == (8, signal(name).above_reason.value)
+
+
+def test_a_rule_naming_a_signal_the_table_lacks_is_refused_with_the_known_names() -> None:
+    with pytest.raises(ValidationError) as e:
+        TargetUtilization.Params.model_validate({"signal": "gpu_temperature_c", "target": 1})
+    assert all(n in str(e.value) for n in model_signal_names())
+    assert "gpu_power_kw" not in str(e.value)  # per pool only: not a ModelSignals sample
 
 
 # --- target-utilization (HPA) -----------------------------------------------------------------------
