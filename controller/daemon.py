@@ -413,7 +413,8 @@ class Daemon:
                 for pool_name in model.pools:
                     st = sig.pools.get(pool_name) if sig else None
                     pools[pool_name] = {
-                        "kind": self.pools[pool_name].kind.value,
+                        "tier": self.pools[pool_name].tier.value,
+                        "provider": self.pools[pool_name].provider,
                         "current_replicas": st.replicas if st else None,
                         "ready_replicas": st.ready_replicas if st else None,
                         "desired_replicas": d.placement.get(pool_name) if d else None,

@@ -58,11 +58,11 @@ def pool_cost_per_hour_usd(pool: PoolSpec, state: PoolState | None, now: datetim
     if state is None or state.nodes is None:
         return Sample.missing(f"{NODES_UNKNOWN}: pool {pool.name} node count unknown", now)
     nodes = state.nodes
-    if not pool.kind.is_onprem:
+    if not pool.tier.is_onprem:
         if state.price_per_node_hour_usd is not None:
             return Sample(nodes * state.price_per_node_hour_usd, now)
         reason = (f"{STATIC_PRICE}: no live price for {pool.name}; static {pool.price_per_node_hour_usd:g} USD/node-hour"
-                  if pool.kind.is_spot else None)
+                  if pool.tier.is_spot else None)
         return Sample(nodes * pool.price_per_node_hour_usd, now, reason)
     if onprem is None:
         return Sample(nodes * pool.price_per_node_hour_usd, now)

@@ -56,12 +56,12 @@ from typing import Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from controller.core.model import History, ModelSpec, PoolKind, PoolSpec, PoolState
+from controller.controller import Controller
+from controller.core.model import ModelSpec, PoolSpec, PoolState, Tier
 from controller.core.pipeline import decide
 from controller.core.placement import place
 from controller.core.policy import EffectivePolicy
 from controller.core.spec import Placement as PlacementSpec
-from controller.controller import Controller
 from controller.sim.engine import Autoscaler, Baseline, Observation, Simulation, SimSetup
 from controller.sim.workload import RequestTrace, rate_profile
 
@@ -93,12 +93,12 @@ class TidegateController:
 
     node_mode: Literal["direct", "autoscaler"] = "direct"
 
-    def __init__(self, policy: EffectivePolicy, interval_s: float = 5.0, only_kinds: Iterable[PoolKind] | None = None,
+    def __init__(self, policy: EffectivePolicy, interval_s: float = 5.0, only_tiers: Iterable[Tier] | None = None,
                  name: str = "tidegate") -> None:
         self.policy = policy
         self.interval_s = interval_s
         self.name = name
-        self.only_kinds = None if only_kinds is None else frozenset(only_kinds)
+        self.only_tiers = None if only_tiers is None else frozenset(only_tiers)
         self.model: ModelSpec | None = None
         self.pools: dict[str, PoolSpec] = {}
         self.reasons: Mapping[str, int] = {}
@@ -107,10 +107,10 @@ class TidegateController:
     def initial(self, setup: SimSetup, need: int) -> dict[str, int]:
         model = setup.model
         pools = {n: setup.pools[n] for n in model.pools}
-        if self.only_kinds is not None:
-            keep = tuple(n for n in model.pools if pools[n].kind in self.only_kinds)
+        if self.only_tiers is not None:
+            keep = tuple(n for n in model.pools if pools[n].tier in self.only_tiers)
             if not keep:
-                raise ValueError(f"{self.name}: the fleet has no pool of kind {sorted(k.value for k in self.only_kinds)}")
+                raise ValueError(f"{self.name}: the fleet has no pool of tier {sorted(k.value for k in self.only_tiers)}")
             model = ModelSpec(name=model.name, tp_degree=model.tp_degree, quantization=model.quantization,
                               gpu_types=model.gpu_types, cold_start_s=model.cold_start_s, capacity=model.capacity,
                               pools=keep)
@@ -225,11 +225,11 @@ class SpotFirst:
     capacity, then on-demand; pods stuck Pending in a pool that cannot launch are re-created in the
     next option; scale-in removes the newest capacity first (on-demand, spot, on-prem)."""
 
-    def __init__(self, model: ModelSpec, pools: Sequence[PoolSpec], allow: Iterable[PoolKind] | None = None) -> None:
-        kinds = None if allow is None else frozenset(allow)
+    def __init__(self, model: ModelSpec, pools: Sequence[PoolSpec], allow: Iterable[Tier] | None = None) -> None:
+        tiers = None if allow is None else frozenset(allow)
         self.model = model
-        self.pools = [p for p in pools if p.replicas_per_node(model) > 0 and (kinds is None or p.kind in kinds)]
-        self.order = sorted(self.pools, key=lambda p: (p.kind.tier, _price_per_replica(p, model), p.priority, p.name))
+        self.pools = [p for p in pools if p.replicas_per_node(model) > 0 and (tiers is None or p.tier in tiers)]
+        self.order = sorted(self.pools, key=lambda p: (p.tier.rank, _price_per_replica(p, model), p.priority, p.name))
 
     def place(self, total: int, current: Mapping[str, int], pending: Mapping[str, int],
               states: Mapping[str, PoolState]) -> dict[str, int]:
@@ -380,10 +380,10 @@ class SeedStackController(Baseline):
         self.burst: SpotFirst | None = None
 
     def initial(self, setup: SimSetup, need: int) -> dict[str, int]:
-        self.onprem = [p.name for p in setup.model_pools() if p.kind.is_onprem]
+        self.onprem = [p.name for p in setup.model_pools() if p.tier.is_onprem]
         if not self.onprem:
             raise ValueError("seed-stack needs an on-prem pool")
-        spot = [p for p in setup.model_pools() if p.kind.is_spot]
+        spot = [p for p in setup.model_pools() if p.tier.is_spot]
         self.burst = SpotFirst(setup.model, spot)
         out = {p.name: 0 for p in setup.model_pools()}
         out[self.onprem[0]] = _clamp(need, self.hpa.min_replicas, self.hpa.max_replicas)
@@ -451,9 +451,9 @@ class SkyServeController(Baseline):
     def initial(self, setup: SimSetup, need: int) -> dict[str, int]:
         self.model = setup.model
         pools = setup.model_pools()
-        self.onprem = [p for p in pools if p.kind.is_onprem and p.replicas_per_node(setup.model) > 0]
-        self.spot = SpotFirst(setup.model, pools, allow=(PoolKind.AWS_SPOT, PoolKind.GCP_SPOT))
-        self.ondemand = SpotFirst(setup.model, pools, allow=(PoolKind.AWS_ONDEMAND, PoolKind.GCP_ONDEMAND))
+        self.onprem = [p for p in pools if p.tier.is_onprem and p.replicas_per_node(setup.model) > 0]
+        self.spot = SpotFirst(setup.model, pools, allow=(Tier.SPOT,))
+        self.ondemand = SpotFirst(setup.model, pools, allow=(Tier.ONDEMAND,))
         self.target = _clamp(need, self.min, self.max)
         return self._split(self.target, {}, {}, {}, ready_spot=None)
 
@@ -600,7 +600,7 @@ class OracleController(Baseline):
         sustained = arrivals(per) / (per * fine)                  # requests/s over the next minute
         model = setup.model
         pools = setup.model_pools()
-        ref = next((p.gpu_type for p in pools if p.kind.is_onprem), pools[0].gpu_type)
+        ref = next((p.gpu_type for p in pools if p.tier.is_onprem), pools[0].gpu_type)
         r_slo_ref = setup.rate_at_slo(ref)
         r_max_ref = setup.fluid_model(ref).max_rate_per_s
         burst = np.zeros(nf)
@@ -625,14 +625,14 @@ class OracleController(Baseline):
             sm = setup.spot.get(p.name)
             if sm is not None and (sm.trace is not None or sm.unavailable_windows):
                 cap = np.minimum(cap, self._cap_fast(sm, t, p.max_nodes) * per_node)
-            lead = (0.0 if p.kind.is_onprem else p.provisioning_delay_s) + model.cold_start_s + g
+            lead = (0.0 if p.tier.is_onprem else p.provisioning_delay_s) + model.cold_start_s + g
             if sm is not None and (sm.trace is not None or sm.unavailable_windows):
                 # a replica serving at t was ordered at t - lead and must survive until t: only
                 # capacity the cloud holds over that whole span counts (a launch into an empty
                 # market fails, and a node the trace takes back in between is lost)
                 cap = _backward_min(cap, int(math.ceil(lead / g)))
             cost_per_req = p.price_per_node_hour_usd / per_node / r
-            rows.append((cost_per_req, p.kind.tier, p.name, r, cap, lead))
+            rows.append((cost_per_req, p.tier.rank, p.name, r, cap, lead))
         rows.sort(key=lambda x: (x[0], x[1], x[2]))
         remaining = demand.copy()
         plan: dict[str, np.ndarray] = {}
@@ -780,7 +780,7 @@ def make_controller(name: str, setup: SimSetup, policy: EffectivePolicy | None,
         if policy is None:
             raise ValueError("all-on-demand needs a policy file")
         return TidegateController(policy, settings.tidegate_interval_s,
-                                  only_kinds=(PoolKind.AWS_ONDEMAND, PoolKind.GCP_ONDEMAND), name="all-on-demand")
+                                  only_tiers=(Tier.ONDEMAND,), name="all-on-demand")
     lo, hi = settings.min_replicas, settings.max_replicas
     if name == "hpa":
         return HpaController(lo, hi, settings.hpa_target_util_pct)
@@ -792,7 +792,7 @@ def make_controller(name: str, setup: SimSetup, policy: EffectivePolicy | None,
     if name == "skyserve":
         qps = settings.skyserve_target_qps
         if qps is None:
-            ref = next((p for p in setup.model_pools() if p.kind.is_onprem), setup.model_pools()[0])
+            ref = next((p for p in setup.model_pools() if p.tier.is_onprem), setup.model_pools()[0])
             cap = setup.model.capacity.get(ref.gpu_type)
             qps = cap.requests_per_s if cap is not None else setup.rate_at_slo(ref.gpu_type)
         return SkyServeController(lo, hi, qps)

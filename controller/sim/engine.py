@@ -397,14 +397,13 @@ class _Pod:
 class _Pool:
     __slots__ = ("spec", "name", "onprem", "spot_pool", "tp", "per_node", "nodes", "pods", "desired", "spot",
                  "blocked", "blocked_reason", "backoff_until", "notices", "bill_n", "bill_t", "cost_usd",
-                 "node_s", "launch_failures", "interrupted_nodes", "killed_pods", "cloud", "want_nodes")
+                 "node_s", "launch_failures", "interrupted_nodes", "killed_pods", "want_nodes")
 
     def __init__(self, spec: PoolSpec, model: ModelSpec, spot: SpotModel | None) -> None:
         self.spec = spec
         self.name = spec.name
-        self.onprem = spec.kind.is_onprem
-        self.spot_pool = spec.kind.is_spot
-        self.cloud = spec.kind.cloud
+        self.onprem = spec.tier.is_onprem
+        self.spot_pool = spec.tier.is_spot
         self.tp = model.tp_degree
         self.per_node = spec.replicas_per_node(model)
         self.nodes: list[_Node] = []
@@ -1369,7 +1368,7 @@ class Simulation:
 
     def _reference_gpu(self) -> str:
         for spec in self.setup.model_pools():
-            if spec.kind.is_onprem:
+            if spec.tier.is_onprem:
                 return spec.gpu_type
         return self.setup.model_pools()[0].gpu_type
 
@@ -1579,7 +1578,7 @@ class Simulation:
         s["gpu_hours_by_pool"] = gpu_h
         total_gpu_h = sum(gpu_h.values())
         spot_h = sum(h for name, h in gpu_h.items() if self.pools[name].spot_pool)
-        od_h = sum(h for name, h in gpu_h.items() if self.pools[name].spec.kind.is_ondemand)
+        od_h = sum(h for name, h in gpu_h.items() if self.pools[name].spec.tier.is_ondemand)
         s["gpu_hours"] = total_gpu_h
         s["spot_share"] = spot_h / total_gpu_h if total_gpu_h else 0.0
         s["ondemand_share"] = od_h / total_gpu_h if total_gpu_h else 0.0
@@ -1595,7 +1594,7 @@ class Simulation:
             s["controller_errors"] = self.controller_errors[:20]
         timeline: dict[str, Any] = dict(tl)
         timeline["record_s"] = self.record_s
-        timeline["pools"] = {name: {"kind": p.spec.kind.value, "gpu_type": p.spec.gpu_type} for name, p in self.pools.items()}
+        timeline["pools"] = {name: {"tier": p.spec.tier.value, "provider": p.spec.provider, "gpu_type": p.spec.gpu_type} for name, p in self.pools.items()}
         timeline["slo"] = {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}
         return s, timeline
 

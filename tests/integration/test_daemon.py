@@ -214,7 +214,7 @@ def test_daemon_computes_cost_per_token_from_nodes_prices_and_tokens(make_harnes
     cost = 0.0
     for name, st in sig["pools"].items():
         pool = h.daemon.pools[name]
-        if pool.kind.is_onprem:
+        if pool.tier.is_onprem:
             gpus = st["nodes"] * pool.gpus_per_node
             cost += gpus * 1.5 + gpus * 0.7 * 1.25 * 0.2  # capital + assumed energy
         else:

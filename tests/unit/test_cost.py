@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.core.model import ModelSignals, ModelSpec, PoolKind, PoolSpec, PoolState, ReplicaCapacity, Sample
+from controller.core.model import ModelSignals, ModelSpec, Tier, PoolSpec, PoolState, ReplicaCapacity, Sample
 from providers.cost import (
     OnPremCost,
     cost_per_million_tokens_usd,
@@ -19,9 +19,9 @@ from providers.cost import (
 )
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
-ONPREM = PoolSpec("dc", PoolKind.ONPREM, "A100", gpus_per_node=8, max_nodes=4, price_per_node_hour_usd=12.0)
-SPOT = PoolSpec("spot", PoolKind.AWS_SPOT, "A100", gpus_per_node=8, max_nodes=10, price_per_node_hour_usd=30.0)
-ONDEMAND = PoolSpec("od", PoolKind.GCP_ONDEMAND, "A100", gpus_per_node=8, max_nodes=10, price_per_node_hour_usd=40.0)
+ONPREM = PoolSpec("dc", Tier.ONPREM, "onprem", "A100", gpus_per_node=8, max_nodes=4, price_per_node_hour_usd=12.0)
+SPOT = PoolSpec("spot", Tier.SPOT, "aws", "A100", gpus_per_node=8, max_nodes=10, price_per_node_hour_usd=30.0)
+ONDEMAND = PoolSpec("od", Tier.ONDEMAND, "gcp", "A100", gpus_per_node=8, max_nodes=10, price_per_node_hour_usd=40.0)
 SITE = OnPremCost(capital_usd_per_gpu_hour=1.25, energy_usd_per_kwh=0.2, pue=1.5)
 MODEL = ModelSpec("llama", 2, "fp8", ("A100",), 60, {"A100": ReplicaCapacity(1000, 2)}, ("dc", "spot", "od"))
 

@@ -96,7 +96,7 @@ def test_fluid_and_request_modes_agree_on_a_smooth_load() -> None:
 def test_spot_trace_drop_interrupts_and_tidegate_replaces_elsewhere() -> None:
     # aws-spot loses all capacity at t=1200 s (a preemption trace); load needs ~7 replicas
     trace = SpotTrace("drop", np.array([0.0, 1200.0]), np.array([1.0, 0.0]), 10_000.0, True)
-    spot = {"aws-spot": SpotModel(cloud="aws", trace=trace, scale_nodes=2, pool="aws-spot", seed=1)}
+    spot = {"aws-spot": SpotModel(notice_s=120.0, trace=trace, scale_nodes=2, pool="aws-spot", seed=1)}
     work = F.rate_series([F.rate_at_slo() * 5.5] * 50)
     res = simulate(F.setup(work, spot=spot, mode="fluid", seed=2), TidegateController(F.policy(min_replicas=1)))
     s = res.summary
@@ -116,7 +116,7 @@ def test_spot_trace_drop_interrupts_and_tidegate_replaces_elsewhere() -> None:
 def test_request_mode_interruption_retries_requests_after_the_notice(tmp_path: Path) -> None:
     # a fixed schedule keeps 4 replicas on gcp-spot: nothing moves them before the nodes vanish
     trace = SpotTrace("drop", np.array([0.0, 600.0]), np.array([1.0, 0.0]), 10_000.0, True)
-    spot = {"gcp-spot": SpotModel(cloud="gcp", trace=trace, scale_nodes=4, pool="gcp-spot", seed=1)}
+    spot = {"gcp-spot": SpotModel(notice_s=30.0, trace=trace, scale_nodes=4, pool="gcp-spot", seed=1)}
     sched = tmp_path / "s.csv"
     sched.write_text("t_s,onprem,gcp-spot\n0,4,4\n")
     work = F.rate_series([F.rate_at_slo() * 6.0] * 20)
@@ -133,7 +133,7 @@ def test_request_mode_interruption_retries_requests_after_the_notice(tmp_path: P
 
 
 def test_unavailability_window_blocks_launches() -> None:
-    spot = {"gcp-spot": SpotModel(cloud="gcp", unavailable_windows=((0.0, 10_000.0),), pool="gcp-spot")}
+    spot = {"gcp-spot": SpotModel(notice_s=30.0, unavailable_windows=((0.0, 10_000.0),), pool="gcp-spot")}
     work = F.rate_series([F.rate_at_slo() * 7.0] * 30)
     res = simulate(F.setup(work, spot=spot, mode="fluid"), TidegateController(F.policy(min_replicas=1)))
     s = res.summary
@@ -142,7 +142,7 @@ def test_unavailability_window_blocks_launches() -> None:
 
 
 def test_drawn_interruptions_happen_at_the_configured_rate() -> None:
-    spot = {n: SpotModel(cloud="aws" if n == "aws-spot" else "gcp", interruptions_per_node_hour=6.0, pool=n, seed=9)
+    spot = {n: SpotModel(notice_s=120.0 if n == "aws-spot" else 30.0, interruptions_per_node_hour=6.0, pool=n, seed=9)
             for n in ("aws-spot", "gcp-spot")}
     work = F.rate_series([F.rate_at_slo() * 7.0] * 120)
     res = simulate(F.setup(work, spot=spot, mode="fluid", seed=1), TidegateController(F.policy(min_replicas=1)))
