@@ -105,7 +105,8 @@ _NOT_SCRAPED = Sample.missing("NotScrapedYet")
 
 def percentile(values: np.ndarray, q: float) -> float:
     """``np.percentile(values, q)`` (its default linear method) for a non-empty 1-D float array
-    without NaN, bit for bit, at a tenth of its cost: the scrape takes one per interval and the
+    without NaN, bit for bit, 8 to 20 times faster (50 to 3,000 values; 1.7-5.7 us against 34-46
+    us on the 2-core development machine): the scrape takes one per interval and the
     timeline one per point, and numpy's general machinery (axes, methods, NaN checks) costs far
     more than the partition itself. Same index, weight and interpolation arithmetic as numpy 1.26's
     ``_quantile`` / ``_lerp``; ``tests/unit/test_simulator_engine.py`` holds them equal."""
