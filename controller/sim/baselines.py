@@ -1,12 +1,14 @@
 """The controllers a simulation compares: tidegate itself, and what people use today.
 
-Every controller returns desired replicas per pool at its own interval, from what it can see (the
-last Prometheus scrape and the live pool states, ``engine.Observation``), and is run on the same
-fleet, spot behaviour and service model. Each baseline is an emulation of the published algorithm
-with its published defaults, cited next to it, not a straw man:
+Every one runs as the daemon's ``controller.controller.Controller`` over the simulation's providers,
+at its own interval, on the same fleet, spot behaviour and service model. tidegate decides with
+``controller.core.pipeline.decide``; a baseline (``engine.Baseline``) with its own decision
+function, which returns desired replicas per pool from what it can see (the last Prometheus scrape
+and the live pool states, ``engine.Observation``). Each baseline is an emulation of the published
+algorithm with its published defaults, cited next to it, not a straw man:
 
-``tidegate``        ``controller.core.pipeline.decide`` exactly as the daemon calls it (the policy
-                    file's rules, stabilization, rate limits, bounds, placement, budget), every
+``tidegate``        the daemon's tick exactly (the policy file's rules, stabilization, rate limits,
+                    bounds, placement, budget; node sums, make before break), every
                     ``loop.interval_s``; it resizes node groups itself (``node_mode="direct"``).
 ``all-on-demand``   the same, restricted to the on-demand pools: the savings reference.
 ``hpa``             Kubernetes HPA v2 (``autoscaling/v2``) on GPU utilization, target 70 %:
@@ -47,19 +49,20 @@ from __future__ import annotations
 
 import csv
 import math
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from controller.core.model import History, ModelSpec, PoolSpec, PoolState, Tier
+from controller.controller import Controller
+from controller.core.model import ModelSpec, PoolSpec, PoolState, Tier
 from controller.core.pipeline import decide
 from controller.core.placement import place
 from controller.core.policy import EffectivePolicy
 from controller.core.spec import Placement as PlacementSpec
-from controller.sim.engine import Controller, Observation, SimSetup
+from controller.sim.engine import Autoscaler, Baseline, Observation, Simulation, SimSetup
 from controller.sim.workload import RequestTrace, rate_profile
 
 BASELINES = ("seed-stack", "hpa", "keda", "skyserve", "all-on-demand", "oracle")
@@ -85,8 +88,8 @@ def _clamp(x: int, lo: int, hi: int) -> int:
 
 
 class TidegateController:
-    """The daemon's decision core on the simulated clock: same ``decide``, same policy, same
-    history threading; no overrides, never paused."""
+    """The daemon's ``Controller`` on the simulated clock and providers: same ``decide``, same
+    policy, same history threading, make-before-break and node sums; no overrides, never paused."""
 
     node_mode: Literal["direct", "autoscaler"] = "direct"
 
@@ -96,10 +99,10 @@ class TidegateController:
         self.interval_s = interval_s
         self.name = name
         self.only_tiers = None if only_tiers is None else frozenset(only_tiers)
-        self.history = History()
-        self.reasons: Counter[str] = Counter()
         self.model: ModelSpec | None = None
         self.pools: dict[str, PoolSpec] = {}
+        self.reasons: Mapping[str, int] = {}
+        """Decisions per reason code (filled by the run's recorder)."""
 
     def initial(self, setup: SimSetup, need: int) -> dict[str, int]:
         model = setup.model
@@ -120,20 +123,13 @@ class TidegateController:
         res = place(model=model, pools=pools, states=states, total=total, placement=self.policy.spec.placement)
         return dict(res.replicas)
 
-    def decide(self, now_s: float, obs: Observation) -> Mapping[str, int] | None:
+    def controller(self, sim: Simulation) -> Controller:
         assert self.model is not None
-        sig = obs.signals
-        if self.only_tiers is not None:
-            from dataclasses import replace
-            sig = replace(sig, pools={n: s for n, s in sig.pools.items() if n in self.pools})
-        d = decide(model=self.model, pools=self.pools, signals=sig, policy=self.policy, history=self.history,
-                   overrides=(), now=obs.at)
-        self.history = d.history
-        self.reasons[d.reason] += 1
-        return dict(d.placement) if d.actuate else None
+        self.reasons = sim.recorder.reasons
+        return sim.controller_for(self.model, self.pools, decide, self.policy)
 
     def report(self) -> dict[str, object]:
-        return {"decision_reasons": dict(self.reasons.most_common())}
+        return {"decision_reasons": dict(sorted(self.reasons.items(), key=lambda kv: -kv[1]))}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,7 +268,7 @@ def _fresh(obs: Observation, name: str, max_age_s: float = 120.0) -> float | Non
     return sample.fresh(obs.at, max_age_s)
 
 
-class HpaController:
+class HpaController(Baseline):
     """``hpa``: one Deployment across all pools under HPA on GPU utilization."""
 
     node_mode: Literal["direct", "autoscaler"] = "autoscaler"
@@ -341,7 +337,7 @@ class KedaScaledObject:
         return target
 
 
-class KedaController:
+class KedaController(Baseline):
     """``keda``: one Deployment across all pools under a KEDA ScaledObject on the queue depth."""
 
     node_mode: Literal["direct", "autoscaler"] = "autoscaler"
@@ -366,7 +362,7 @@ class KedaController:
         return self.placer.place(total, obs.desired_by_pool, obs.pending_by_pool, obs.signals.pools)
 
 
-class SeedStackController:
+class SeedStackController(Baseline):
     """``seed-stack``: on-prem Deployment under HPA (GPU util 70 %, 2..10) + spot burst Deployment
     under KEDA (queue length 50 per replica, 0..30). Both share the traffic (one Service)."""
 
@@ -426,7 +422,7 @@ class SeedStackController:
 # ---------------------------------------------------------------------------------------------
 
 
-class SkyServeController:
+class SkyServeController(Baseline):
     """``skyserve``: ``FallbackRequestRateAutoscaler`` with ``dynamic_ondemand_fallback``."""
 
     node_mode: Literal["direct", "autoscaler"] = "direct"
@@ -540,7 +536,7 @@ def _backward_min(x: np.ndarray, width: int) -> np.ndarray:
     return big - _forward_max((big - x)[::-1], width)[::-1]
 
 
-class OracleController:
+class OracleController(Baseline):
     """``oracle``: future-aware, cheapest-capacity-first, just in time (see the module doc).
 
     Demand at ``t`` is the larger of (a) the next minute's arrival rate, to be served at the
@@ -720,7 +716,7 @@ def read_schedule(path: str | Path, pools: Iterable[str]) -> RecordedSchedule:
     return RecordedSchedule(arr[:, 0], None, {h: arr[:, i + 1].astype(np.int64) for i, h in enumerate(header[1:])})
 
 
-class ScheduleController:
+class ScheduleController(Baseline):
     """``schedule:FILE``: a recorded replica schedule on the same fleet, placement and service."""
 
     node_mode: Literal["direct", "autoscaler"] = "direct"
@@ -774,7 +770,7 @@ class BaselineSettings:
 
 
 def make_controller(name: str, setup: SimSetup, policy: EffectivePolicy | None,
-                    settings: BaselineSettings) -> Controller:
+                    settings: BaselineSettings) -> Autoscaler:
     """A fresh controller for one run (controllers hold state)."""
     if name == "tidegate":
         if policy is None:

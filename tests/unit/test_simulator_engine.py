@@ -4,13 +4,16 @@ between the request-by-request and fluid modes."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controller.sim.baselines import BaselineSettings, TidegateController, make_controller
-from controller.sim.engine import simulate
+from controller.sim.engine import percentile, simulate
 from controller.sim.spot import SpotModel, SpotTrace
 from tests.unit import simulator_fixtures as F
 
@@ -162,3 +165,29 @@ def test_summary_has_every_output() -> None:
     assert s["cost_per_million_output_tokens_usd"] == pytest.approx(s["cost_usd"] / s["output_tokens"] * 1e6)
     assert not math.isnan(s["e2e_p99_ms"])
     assert len(res.timeline["t_s"]) == len(res.timeline["p99_ttft_s"]) == len(res.timeline["ready:onprem"])
+
+
+def test_tidegate_in_the_simulator_holds_a_pools_min_nodes_as_the_daemon_does() -> None:
+    # The simulator runs the daemon's Controller: the nodes each pool holds are the daemon's node
+    # sums (every model's placement, at least min_nodes), not a count of its own. A spot pool
+    # with min_nodes 1 and no replicas keeps (and is billed for) one node, as it would in a cluster.
+    pools = F.pools(onprem_nodes=2)
+    pools["gcp-spot"] = replace(pools["gcp-spot"], min_nodes=1)
+    work = F.rate_series([F.rate_at_slo() * 1.0] * 20)  # fits on-prem with room to spare
+    res = simulate(F.setup(work, pool_specs=pools, mode="fluid", seed=3), TidegateController(F.policy(min_replicas=1)))
+    t = np.asarray(res.timeline["t_s"])
+    nodes = np.asarray(res.timeline["nodes:gcp-spot"])
+    after_first_tick = t >= 5.0 + pools["gcp-spot"].provisioning_delay_s
+    assert after_first_tick.any() and (nodes[after_first_tick] == 1).all()
+    assert all(desired == 0 for desired in res.timeline["desired:gcp-spot"])
+    held_h = (t[-1] - 5.0 - pools["gcp-spot"].provisioning_delay_s) / 3600.0
+    assert res.summary["cost_by_pool_usd"]["gcp-spot"] >= 7.5 * held_h
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(min_value=0.0, max_value=1e6, allow_nan=False), min_size=1, max_size=400),
+       st.sampled_from([50.0, 90.0, 99.0, 99.9, 0.0, 100.0]))
+def test_percentile_is_numpys_bit_for_bit(values: list[float], q: float) -> None:
+    # the simulator's p99s (scraped latency signal, timeline, summary) must not move by a bit
+    arr = np.asarray(values, dtype=np.float64)
+    assert percentile(arr, q) == float(np.percentile(arr, q))
