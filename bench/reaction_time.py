@@ -54,10 +54,10 @@ from controller.core.model import (  # noqa: E402
     History,
     ModelSignals,
     ModelSpec,
-    PoolKind,
     PoolSpec,
     PoolState,
     ReplicaCapacity,
+    Tier,
 )
 from controller.core.pipeline import decide as pipeline_decide  # noqa: E402
 from controller.core.policy import EffectivePolicy  # noqa: E402
@@ -290,7 +290,7 @@ class Trial:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     driver: LoadDriver = TritonLoad() if args.load == "triton" else ModelLoad()
     spec = ModelSpec(MODEL, 1, "none", ("cpu",), 5, {"cpu": ReplicaCapacity(100, driver.requests_per_s)}, (POOL,))
-    pool = PoolSpec(POOL, PoolKind.ONPREM, "cpu", gpus_per_node=1, max_nodes=10, price_per_node_hour_usd=1.0)
+    pool = PoolSpec(POOL, Tier.ONPREM, "onprem", "cpu", gpus_per_node=1, max_nodes=10, price_per_node_hour_usd=1.0)
     if args.decider == "pipeline":
         factory = pipeline_decider(Path(args.policy) if args.policy else None, pool)
     elif args.decider == "threshold":

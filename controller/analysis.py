@@ -30,9 +30,9 @@ def check_story(
     max_cost_per_hour_usd: float | None,
 ) -> list[Finding]:
     rows = [r for r in rows if r["model"] == model.name]
-    onprem = [p for p in model.pools if pools[p].kind.is_onprem]
-    spot = [p for p in model.pools if pools[p].kind.is_spot]
-    cloud = [p for p in model.pools if not pools[p].kind.is_onprem]
+    onprem = [p for p in model.pools if pools[p].tier.is_onprem]
+    spot = [p for p in model.pools if pools[p].tier.is_spot]
+    cloud = [p for p in model.pools if not pools[p].tier.is_onprem]
     onprem_cap = sum(pools[p].max_replicas(model) for p in onprem)
     out: list[Finding] = []
 

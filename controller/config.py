@@ -10,12 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from controller.core.model import ModelSpec, PoolKind, PoolSpec, ReplicaCapacity
+from controller.core.model import ModelSpec, PoolSpec, ReplicaCapacity, Tier
 from controller.policyfile import PolicyLimits
+from providers.aws import AwsPoolSettings
+from providers.gcp import GcpPoolSettings
 from providers.leader import LeaderElectionSettings
-from providers.real import RealSettings  # the real providers' settings schema (imports no client library)
+from providers.real import RealSettings  # the real providers' settings schema
+from providers.registry import ProviderRegistry, installed, split_legacy_kind
 
 
 class _Strict(BaseModel):
@@ -29,29 +32,11 @@ class KubernetesPool(_Strict):
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Tolerations the pool's Deployments carry (e.g. for a spot taint).")
 
 
-class AwsPool(_Strict):
-    region: str = Field(description="AWS region, e.g. us-east-1.")
-    auto_scaling_group: str = Field(description="Auto Scaling group holding this pool's nodes.")
-    instance_type: str | None = Field(None, description="EC2 instance type, used to look up spot prices.")
-    availability_zones: list[str] = Field(default_factory=list, description="Zones to read spot prices for (empty: all of the group's).")
-
-
-class GcpPool(_Strict):
-    project: str = Field(description="GCP project id.")
-    zone: str | None = Field(None, description="Zone of a zonal managed instance group.")
-    region: str | None = Field(None, description="Region of a regional managed instance group.")
-    instance_group_manager: str = Field(description="Managed instance group name.")
-
-    @model_validator(mode="after")
-    def _zone_xor_region(self) -> "GcpPool":
-        if (self.zone is None) == (self.region is None):
-            raise ValueError(f"set exactly one of zone ({self.zone!r}) and region ({self.region!r})")
-        return self
-
-
 class PoolConfig(_Strict):
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="Pool name (DNS-1123 label), used in policies, overrides, metrics and the API.")
-    kind: PoolKind = Field(description="onprem, aws-spot, aws-ondemand, gcp-spot or gcp-ondemand.")
+    tier: Tier | None = Field(None, description="The capacity the pool holds: onprem (nodes that exist and are paid for), spot (reclaimable cloud capacity) or ondemand (cloud capacity at list price). Placement fills onprem first, then spot, then ondemand. Required unless the older `kind` is given.")
+    provider: str | None = Field(None, description="Who holds the pool's nodes: an installed pool provider (built in: onprem, aws, gcp; a package adds one through the tidegate.providers entry point group). Default: onprem for tier onprem; required otherwise.")
+    kind: str | None = Field(None, description="Older spelling of tier plus provider, still read: onprem, or PROVIDER-spot / PROVIDER-ondemand (e.g. aws-spot is tier spot from provider aws). Give either kind or tier.")
     gpu_type: str = Field(description="GPU type of the pool's nodes (e.g. A100-80GB, L4, H100); must be one the model bundle has engines for.")
     gpus_per_node: int = Field(gt=0, description="GPUs per node; a replica of TP GPUs never spans nodes.")
     max_nodes: int = Field(ge=0, description="Most nodes the pool may hold (for on-prem: nodes that exist).")
@@ -60,19 +45,34 @@ class PoolConfig(_Strict):
     provisioning_delay_s: float = Field(0, ge=0, description="Seconds from ordering a node to it being schedulable (0 for on-prem).")
     priority: int = Field(0, description="Tie-breaker between pools of equal effective cost (lower first).")
     kubernetes: KubernetesPool = Field(default_factory=KubernetesPool, description="Node selector and tolerations of the pool inside the cluster.")
-    aws: AwsPool | None = Field(None, description="Required for aws-* pools.")
-    gcp: GcpPool | None = Field(None, description="Required for gcp-* pools.")
+    aws: AwsPoolSettings | None = Field(None, description="The pool's Auto Scaling group: required for provider aws with real providers.")
+    gcp: GcpPoolSettings | None = Field(None, description="The pool's managed instance group: required for provider gcp with real providers.")
 
     @model_validator(mode="after")
-    def _cloud_section(self) -> "PoolConfig":
+    def _tier_and_provider(self) -> "PoolConfig":
         if self.min_nodes > self.max_nodes:
             raise ValueError(f"min_nodes ({self.min_nodes}) is greater than max_nodes ({self.max_nodes})")
+        if self.kind is not None:
+            tier, provider = split_legacy_kind(self.kind)
+            if self.tier is not None and self.tier is not tier:
+                raise ValueError(f"kind ({self.kind!r}) says tier {tier.value!r} but tier is {self.tier.value!r}; give only tier and provider")
+            if self.provider is not None and self.provider != provider:
+                raise ValueError(f"kind ({self.kind!r}) says provider {provider!r} but provider is {self.provider!r}; give only tier and provider")
+            object.__setattr__(self, "tier", tier)
+            object.__setattr__(self, "provider", provider)
+        if self.tier is None:
+            raise ValueError("set tier (onprem, spot or ondemand) and provider (e.g. aws), or the older kind (e.g. aws-spot)")
+        if self.provider is None:
+            if self.tier is not Tier.ONPREM:
+                raise ValueError(f"tier {self.tier.value!r} needs a provider (who holds the nodes, e.g. aws or gcp)")
+            object.__setattr__(self, "provider", "onprem")
         return self
 
     def to_spec(self) -> PoolSpec:
+        assert self.tier is not None and self.provider is not None  # set by _tier_and_provider
         return PoolSpec(
-            name=self.name, kind=self.kind, gpu_type=self.gpu_type, gpus_per_node=self.gpus_per_node,
-            max_nodes=self.max_nodes, min_nodes=self.min_nodes,
+            name=self.name, tier=self.tier, provider=self.provider, gpu_type=self.gpu_type,
+            gpus_per_node=self.gpus_per_node, max_nodes=self.max_nodes, min_nodes=self.min_nodes,
             price_per_node_hour_usd=self.price_per_node_hour_usd,
             provisioning_delay_s=self.provisioning_delay_s, priority=self.priority,
         )
@@ -160,8 +160,8 @@ class SimulatedProviders(_Strict):
 
 
 class RealProviders(_Strict):
-    type: Literal["real"] = Field("real", description="Prometheus, Triton, Kubernetes, AWS and GCP.")
-    settings: RealSettings = Field(default_factory=RealSettings, description="Provider settings: Prometheus, the Triton fallback, Kubernetes, AWS, GCP and cloud capacity (see providers.real).")
+    type: Literal["real"] = Field("real", description="Prometheus, Triton, Kubernetes and the pool providers (aws, gcp...).")
+    settings: RealSettings = Field(default_factory=RealSettings, description="Provider settings: Prometheus, the Triton fallback, Kubernetes, each pool provider's section and cloud capacity (see providers.real).")
 
 
 class OnPremCostConfig(_Strict):
@@ -194,20 +194,28 @@ class DaemonConfig(_Strict):
     models: list[ModelConfig] = Field(min_length=1, description="The model bundles served, each with one Deployment per pool.")
 
     @model_validator(mode="after")
-    def _cross_refs(self) -> "DaemonConfig":
+    def _cross_refs(self, info: ValidationInfo) -> "DaemonConfig":
         names = [p.name for p in self.pools]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"pool names must be unique; repeated: {sorted(dup)}")
         pools = {p.name: p for p in self.pools}
+        # Which providers exist is what is installed (entry points), unless the caller passes a
+        # registry as validation context: model_validate(data, context={"providers": registry}).
+        registry: ProviderRegistry = (info.context or {}).get("providers") or installed()
+        real = isinstance(self.providers, RealProviders)
         for p in self.pools:
-            if p.kind.cloud == "aws" and p.aws is None and isinstance(self.providers, RealProviders):
-                raise ValueError(f"pool {p.name!r} is {p.kind.value} but has no aws section")
-            if p.kind.cloud == "gcp" and p.gcp is None and isinstance(self.providers, RealProviders):
-                raise ValueError(f"pool {p.name!r} is {p.kind.value} but has no gcp section")
+            spec = p.to_spec()
+            problem = registry.problem(p.name, spec.provider, spec.tier)
+            if problem:
+                raise ValueError(problem)
+            kind = registry.get(spec.provider)
+            if real and kind.PoolSettings is not None and not isinstance(getattr(p, spec.provider, None), kind.PoolSettings):
+                raise ValueError(f"pool {p.name!r} has provider {spec.provider} but no {spec.provider} section")
         if isinstance(self.providers, RealProviders):  # settings that name pools or models
             problems = self.providers.settings.cross_check(
-                {p.name: p.kind.value for p in self.pools}, {m.name: list(m.deployments) for m in self.models})
+                {p.name: p.to_spec().provider for p in self.pools}, {m.name: list(m.deployments) for m in self.models},
+                registry)
             if problems:
                 raise ValueError("; ".join(problems))
         election_problem = self.leader_election.problem_with(self.database.url)

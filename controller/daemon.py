@@ -1,14 +1,16 @@
-"""The daemon: observe -> decide -> act -> record, once per tick, for every model.
+"""The daemon: a ``controller.controller.Controller`` run on a schedule, with an API around it.
 
-This module owns the I/O around the pure core: it asks the providers for signals and pool state,
-hands them as values to ``controller.core.pipeline.decide``, applies the placement through the pool
-providers (or records what it would have done, in dry-run), and writes one decision row per model
-per tick. It keeps the little runtime state the core needs between ticks (each model's ``History``)
-and rebuilds it from the decision log on start, so a restart does not reset stabilization windows.
+The tick itself (observe -> decide -> act -> record for every model, history rebuilt from the
+decision log on start) is the ``Controller``'s, the same one the simulator runs. This module adds
+what a long-running process needs around it: the tick schedule and the policy watcher (APScheduler),
+leader election (only the leader ticks), backoff after failed ticks, pause/resume, the Prometheus
+metrics and the decision log lines of each decision, ``/v1/status``'s snapshot and ``/readyz``'s
+readiness with the last error of each component.
 
 Threads: the tick runs on an APScheduler job (max one instance, coalesced) and is additionally
 guarded by a lock so a manual ``tick()`` (tests, ``POST`` paths) never overlaps it. The admin API
-reads snapshots (``status()``) under the same lock's protection of the small shared dicts.
+reads snapshots (``status()``) under the same lock's protection of the small shared dicts (the
+controller updates its per-model state under that lock too).
 """
 
 from __future__ import annotations
@@ -18,31 +20,22 @@ import logging
 import random
 import threading
 import time as _wall
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from controller.config import DaemonConfig
-from controller.core.model import (
-    Action,
-    ActionStatus,
-    Decision,
-    History,
-    ModelSignals,
-    ModelSpec,
-    PoolSpec,
-    PoolState,
-)
-from controller.core.pipeline import decide
-from controller.core.pricing import OnPremCost, pool_cost_per_hour_usd, pool_price, with_cost
-from controller.core.reasons import Reason
+from controller.controller import Controller, TickReport
+from controller.core.model import Action, Decision, ModelSignals, ModelSpec, PoolSpec
+from controller.core.pricing import OnPremCost, pool_cost_per_hour_usd, pool_price
 from controller.core.signals import NOT_MEASURED_REASONS
+from controller.db.recorder import RepositoryRecorder
 from controller.db.repo import Repository
 from controller.logs import log
 from controller.metrics import DaemonMetrics
 from controller.policyfile import PolicyLimits, PolicyStore
-from controller.protocols import Clock, LeaderElector, MetricsSource, PoolProvider, PriceSource, ProviderError
+from controller.protocols import Clock, LeaderElector, MetricsSource, PoolProvider, PriceSource
 from policies.base import Registry
 
 logger = logging.getLogger("tidegate.daemon")
@@ -65,17 +58,23 @@ class Health:
                 "last_error_at": self.last_error_at.isoformat() if self.last_error_at else None}
 
 
-@dataclass
-class TickReport:
-    at: datetime
-    decisions: dict[str, Decision] = field(default_factory=dict)
-    decision_ids: dict[str, int] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)
-    skipped: str | None = None
+class _DaemonListener:
+    """What a tick reports, turned into the daemon's health, metrics, logs and ``on_decision``."""
 
-    @property
-    def ok(self) -> bool:
-        return self.skipped is None and not self.errors
+    def __init__(self, daemon: "Daemon") -> None:
+        self.daemon = daemon
+
+    def component(self, name: str, error: str | None, now: datetime) -> None:
+        self.daemon._note(name, error, now)
+
+    def actions(self, actions: Sequence[Action]) -> None:
+        for a in actions:
+            self.daemon.metrics.actions.labels(pool=a.pool, call=a.call, status=a.status.value).inc()
+
+    def decided(self, decision: Decision, signals: ModelSignals, outcome: str) -> None:
+        self.daemon._export(decision, signals, outcome)
+        if self.daemon.on_decision is not None:
+            self.daemon.on_decision(decision, signals)
 
 
 class Daemon:
@@ -99,12 +98,8 @@ class Daemon:
     ) -> None:
         self.config = config
         self.clock = clock
-        self.metrics_source = metrics_source
-        self.pool_providers = dict(pool_providers)
-        self.price_source = price_source
         self.repo = repo
         self.registry = registry
-        self.dry_run = config.dry_run if dry_run is None else dry_run
         self.metrics = metrics or DaemonMetrics()
         self.elector = elector
         """Leader election (``None``: this daemon always acts); asked before every tick."""
@@ -118,26 +113,60 @@ class Daemon:
         self._tick_lock = threading.Lock()
         self._ping_lock = threading.Lock()
         self._state_lock = threading.RLock()
+        oc = config.onprem_cost
+        self.controller = Controller(
+            models=self.models, pools=self.pools, clock=clock, metrics_source=metrics_source,
+            pool_providers=pool_providers, price_source=price_source, recorder=RepositoryRecorder(repo),
+            policies=self.policy_store.policies, dry_run=config.dry_run if dry_run is None else dry_run,
+            onprem_cost=None if oc is None else OnPremCost(oc.capital_usd_per_gpu_hour, oc.energy_usd_per_kwh,
+                                                           oc.pue, oc.assumed_gpu_power_kw),
+            listener=_DaemonListener(self), state_lock=self._state_lock,
+        )
+        """Observe, decide, act and record: the tick itself. The daemon schedules it, elects, backs
+        off, and exports what it did."""
         self.paused = False
-        self.histories: dict[str, History] = {}
-        self.last_decisions: dict[str, Decision] = {}
-        self.last_decision_ids: dict[str, int] = {}
-        self.last_signals: dict[str, ModelSignals] = {}
-        self.last_errors: dict[str, str] = {}
-        self.observed_once: set[str] = set()
         self.standby = False
         self.last_success_at: datetime | None = None
         self.last_tick_at: datetime | None = None
+        self.last_errors: dict[str, str] = {}
         self.consecutive_failures = 0
         self.backoff_until: datetime | None = None
         self._rng = random.Random(0)
         self._scheduler: Any = None
         self._jobs: list[tuple[Callable[[], Any], float, str]] = []
         """Provider jobs added before ``start()``, scheduled by it."""
-        self._history_loaded = False
         self.health: dict[str, Health] = {}
         """Per component (``metrics``, ``prices``, ``pool/NAME``, ``leader``, ``database``): the
         last outcome and the last error with its time (daemon clock), shown by ``/readyz``."""
+
+    # the providers and dry-run live on the controller; tests and assembly code swap them here
+    @property
+    def metrics_source(self) -> MetricsSource:
+        return self.controller.metrics_source
+
+    @metrics_source.setter
+    def metrics_source(self, value: MetricsSource) -> None:
+        self.controller.metrics_source = value
+
+    @property
+    def pool_providers(self) -> dict[str, PoolProvider]:
+        return self.controller.pool_providers
+
+    @pool_providers.setter
+    def pool_providers(self, value: Mapping[str, PoolProvider]) -> None:
+        self.controller.pool_providers = dict(value)
+
+    @property
+    def price_source(self) -> PriceSource | None:
+        return self.controller.price_source
+
+    @price_source.setter
+    def price_source(self, value: PriceSource | None) -> None:
+        self.controller.price_source = value
+
+    @property
+    def dry_run(self) -> bool:
+        return self.controller.dry_run
 
     # ------------------------------------------------------------------ policies
     def reload_policies(self, author: str = "daemon") -> dict[str, Any]:
@@ -156,136 +185,6 @@ class Daemon:
             log(logger, logging.ERROR, "policy file rejected; last good version stays in force",
                 file=str(err.file), line=err.line, path=err.path, error=err.message)
         return self.policy_store.status()
-
-    # ------------------------------------------------------------------ observe
-    def _observe(self, now: datetime) -> dict[str, ModelSignals]:
-        specs = list(self.models.values())
-        try:
-            raw = dict(self.metrics_source.observe(specs, now))
-            self._note("metrics", None, now)
-        except ProviderError as e:  # a metrics source should not raise, but never trust it
-            log(logger, logging.WARNING, "metrics source failed; all signals missing", error=str(e))
-            self._note("metrics", str(e), now)
-            raw = {}
-        prices: Mapping[str, float] = {}
-        if self.price_source is not None:
-            try:
-                prices = self.price_source.prices(list(self.pools.values()), now)
-                self._note("prices", None, now)
-            except ProviderError as e:
-                log(logger, logging.WARNING, "price source failed; static prices used", error=str(e))
-                self._note("prices", str(e), now)
-        out: dict[str, ModelSignals] = {}
-        for name, model in self.models.items():
-            sig = raw.get(name) or ModelSignals(model=name, at=now)
-            states: dict[str, PoolState] = {}
-            for pool_name in model.pools:
-                provider = self.pool_providers.get(pool_name)
-                if provider is None:
-                    states[pool_name] = PoolState(pool=pool_name, replicas=None, available=False,
-                                                  unavailable_reason="no provider configured", at=now)
-                    continue
-                try:
-                    st = provider.state(model, now)
-                    self._note(f"pool/{pool_name}", None, now)
-                except ProviderError as e:
-                    # Unknown capacity: the core holds (NotObservedYet) rather than guess.
-                    log(logger, logging.WARNING, "pool state unavailable", model=name, pool=pool_name, error=str(e))
-                    self._note(f"pool/{pool_name}", str(e), now)
-                    st = PoolState(pool=pool_name, replicas=None, available=False,
-                                   unavailable_reason=f"state failed: {e}", at=now)
-                if pool_name in prices and st.price_per_node_hour_usd is None:
-                    st = replace(st, price_per_node_hour_usd=prices[pool_name])
-                states[pool_name] = st
-            degraded = (getattr(self.metrics_source, "degraded", None) or {}).get(name)
-            sig = replace(sig, pools=states, degraded=degraded or sig.degraded)
-            # Prometheus knows tokens and power, providers know replicas and prices: the pricing
-            # module prices the pools (the budget stage uses these prices) and the cost per token.
-            sig = self._with_cost(sig, model, now)
-            out[name] = sig
-        return out
-
-    def _with_cost(self, sig: ModelSignals, model: ModelSpec, now: datetime) -> ModelSignals:
-        oc = self.config.onprem_cost
-        onprem = OnPremCost(oc.capital_usd_per_gpu_hour, oc.energy_usd_per_kwh, oc.pue,
-                            oc.assumed_gpu_power_kw) if oc is not None else None
-        power_fn = getattr(self.metrics_source, "power_kw", None)
-        power = power_fn(model.name) if callable(power_fn) else None
-        return with_cost(sig, model, self.pools, now, onprem=onprem, power_kw=power)
-
-    # ------------------------------------------------------------------ act
-    def _pool_nodes(self, placements: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
-        """Nodes each pool must hold for every model's placement (models do not share nodes)."""
-        nodes: dict[str, int] = {}
-        for model_name, placement in placements.items():
-            model = self.models[model_name]
-            for pool_name, replicas in placement.items():
-                pool = self.pools[pool_name]
-                nodes[pool_name] = nodes.get(pool_name, 0) + pool.nodes_for(model, replicas)
-        for pool_name, pool in self.pools.items():
-            nodes[pool_name] = max(nodes.get(pool_name, 0), pool.min_nodes)
-        return nodes
-
-    def _act(self, decision: Decision, nodes: Mapping[str, int], now: datetime) -> tuple[list[Action], str, str | None]:
-        model = self.models[decision.model]
-        if not decision.actuate:
-            return [], "skipped", decision.reason
-        # make before break: pools that grow first, then pools that shrink
-        order = sorted(
-            decision.placement,
-            key=lambda p: (decision.placement[p] <= decision.previous_placement.get(p, 0), p),
-        )
-        actions: list[Action] = []
-        failed: list[str] = []
-        for pool_name in order:
-            want = decision.placement[pool_name]
-            provider = self.pool_providers.get(pool_name)
-            if provider is None:
-                continue
-            if self.dry_run:
-                actions.append(Action(provider="dry-run", call="scale", pool=pool_name, model=model.name,
-                                      arguments={"replicas": want, "nodes": nodes.get(pool_name, 0)},
-                                      status=ActionStatus.DRY_RUN))
-                continue
-            try:
-                actions.extend(provider.scale(model, want, nodes.get(pool_name, 0), now))
-            except ProviderError as e:
-                # A scale that failed part-way may already have changed something (nodes ordered,
-                # then the replica patch failed): the calls it made ride on the error (see
-                # providers.base.actions_of) and go to the log before the failure row.
-                actions.extend(getattr(e, "actions", ()))
-                status = ActionStatus.FAILED_TRANSIENT if e.retryable else ActionStatus.FAILED_PERMANENT
-                actions.append(Action(provider=type(provider).__name__, call="scale", pool=pool_name,
-                                      model=model.name, arguments={"replicas": want}, status=status,
-                                      error=f"{type(e).__name__}: {e}"))
-                self._note(f"pool/{pool_name}", f"scale failed: {type(e).__name__}: {e}", now)
-                failed.append(pool_name)
-        for a in actions:
-            self.metrics.actions.labels(pool=a.pool, call=a.call, status=a.status.value).inc()
-            if a.status in (ActionStatus.FAILED_TRANSIENT, ActionStatus.FAILED_PERMANENT) and a.pool not in failed:
-                failed.append(a.pool)
-        if self.dry_run:
-            return actions, "dry-run", None
-        if failed:
-            outcome = "failed" if len(failed) == len(order) else "partial"
-            return actions, outcome, f"failed pools: {', '.join(sorted(set(failed)))}"
-        return actions, "applied", None
-
-    # ------------------------------------------------------------------ tick
-    def _ensure_history(self, now: datetime) -> None:
-        if self._history_loaded:
-            return
-        policies = self.policy_store.policies()
-        for name in self.models:
-            pol = policies.get(name)
-            horizon = 1800.0
-            if pol is not None:
-                b = pol.spec.behavior
-                periods = [rl.period_s for rl in (*b.scale_up.policies, *b.scale_down.policies)]
-                horizon = max([b.scale_up.stabilization_s, b.scale_down.stabilization_s,
-                               b.scale_up.cooldown_s, b.scale_down.cooldown_s, *periods, 60.0])
-            self.histories[name] = self.repo.rebuild_history(name, now, horizon)
-        self._history_loaded = True
 
     # ------------------------------------------------------------------ health
     def _note(self, component: str, error: str | None, now: datetime, *, critical: bool = False) -> None:
@@ -334,76 +233,22 @@ class Daemon:
 
     def _tick_locked(self) -> TickReport:
         now = self.clock.now()
-        report = TickReport(at=now)
         if self.backoff_until is not None and now < self.backoff_until:
-            report.skipped = f"backing off until {self.backoff_until.isoformat()}"
             self.metrics.ticks.labels(result="skipped").inc()
-            return report
+            return TickReport(at=now, skipped=f"backing off until {self.backoff_until.isoformat()}")
         if not self._leader(now):
             # Followers observe nothing and act on nothing: one daemon decides at a time.
-            report.skipped = "not the leader"
             self.standby = True
             self.metrics.leader.set(0)
             self.metrics.ticks.labels(result="skipped").inc()
-            return report
+            return TickReport(at=now, skipped="not the leader")
         self.metrics.leader.set(1)
         if self.standby:
             # just took over: the leader before us may have decided since we last read the log
             self.standby = False
-            self._history_loaded = False
-        self._ensure_history(now)
-        signals = self._observe(now)
-        policies = self.policy_store.policies()
-        decisions: dict[str, Decision] = {}
-        transient_failures = 0
-        for name, model in self.models.items():
-            policy = policies.get(name)
-            if policy is None:
-                report.errors[name] = "no valid policy for this model"
-                continue
-            try:
-                overrides = self.repo.active_overrides(now, model=name)
-                sig = signals[name]
-                decision = decide(
-                    model=model, pools=self.pools, signals=sig, policy=policy,
-                    history=self.histories.get(name, History()), overrides=overrides, now=now,
-                    paused=self.paused,
-                )
-                if decision.reason != Reason.NOT_OBSERVED_YET.value:
-                    self.observed_once.add(name)
-                decisions[name] = decision
-            except Exception as e:  # noqa: BLE001 - isolate models from each other
-                logger.exception("decision failed", extra={"fields": {"model": name}})
-                report.errors[name] = f"{type(e).__name__}: {e}"
-        # nodes per pool from every model's newest placement
-        placements = {n: d.placement for n, d in decisions.items()}
-        for n, d in self.last_decisions.items():
-            placements.setdefault(n, d.placement)
-        nodes = self._pool_nodes(placements)
-        for name, decision in decisions.items():
-            sig = signals[name]
-            try:
-                actions, outcome, detail = self._act(decision, nodes, now)
-                transient_failures += sum(a.status is ActionStatus.FAILED_TRANSIENT for a in actions)
-                decision_id = self.repo.record_decision(decision, sig, self.dry_run)
-                self.repo.record_actions(decision_id, actions, outcome, detail)
-            except Exception as e:  # noqa: BLE001 - the next model still gets its tick
-                logger.exception("act/record failed", extra={"fields": {"model": name}})
-                report.errors[name] = f"{type(e).__name__}: {e}"
-                continue
-            with self._state_lock:
-                self.histories[name] = decision.history
-                self.last_decisions[name] = decision
-                self.last_decision_ids[name] = decision_id
-                self.last_signals[name] = sig
-            report.decisions[name] = decision
-            report.decision_ids[name] = decision_id
-            self._export(decision, sig, outcome)
-            if outcome in ("failed", "partial"):
-                report.errors[name] = detail or outcome
-            if self.on_decision is not None:
-                self.on_decision(decision, sig)
-        self._finish_tick(report, now, transient_failures)
+            self.controller.forget_history()
+        report = self.controller.tick(now, paused=self.paused)
+        self._finish_tick(report, now, report.transient_failures)
         return report
 
     def _finish_tick(self, report: TickReport, now: datetime, transient_failures: int) -> None:
@@ -506,7 +351,7 @@ class Daemon:
                 "last_successful_tick": last.isoformat() if last else None,
                 "last_tick": self.last_tick_at.isoformat() if self.last_tick_at else None,
                 "consecutive_failures": self.consecutive_failures,
-                "observed_models": sorted(self.observed_once),
+                "observed_models": sorted(self.controller.observed_once),
                 "errors": dict(self.last_errors),
                 "paused": self.paused,
                 "dry_run": self.dry_run,
@@ -538,7 +383,7 @@ class Daemon:
             out.append(f"last successful tick {(now - last).total_seconds():.0f} s ago (limit {limit_s:.0f} s, daemon clock)")
         if self.consecutive_failures >= self.config.loop.ready_after_failed_ticks:
             out.append(f"{self.consecutive_failures} consecutive failed ticks")
-        unobserved = (set(self.policy_store.policies()) & set(self.models)) - self.observed_once
+        unobserved = (set(self.policy_store.policies()) & set(self.models)) - self.controller.observed_once
         if unobserved:
             out.append(f"not observed yet: {', '.join(sorted(unobserved))}")
         return out
@@ -560,13 +405,14 @@ class Daemon:
         policies = self.policy_store.policies()
         with self._state_lock:
             for name, model in self.models.items():
-                d = self.last_decisions.get(name)
-                sig = self.last_signals.get(name)
+                d = self.controller.last_decisions.get(name)
+                sig = self.controller.last_signals.get(name)
                 pools: dict[str, Any] = {}
                 for pool_name in model.pools:
                     st = sig.pools.get(pool_name) if sig else None
                     pools[pool_name] = {
-                        "kind": self.pools[pool_name].kind.value,
+                        "tier": self.pools[pool_name].tier.value,
+                        "provider": self.pools[pool_name].provider,
                         "current_replicas": st.replicas if st else None,
                         "ready_replicas": st.ready_replicas if st else None,
                         "desired_replicas": d.placement.get(pool_name) if d else None,
@@ -583,7 +429,7 @@ class Daemon:
                     "desired_replicas": d.replicas if d else None,
                     "cost_per_hour_usd": d.cost_per_hour_usd if d else None,
                     "overrides": [o.id for o in overrides if o.model == name],
-                    "last_decision": ({"id": self.last_decision_ids.get(name), "at": d.at.isoformat(),
+                    "last_decision": ({"id": self.controller.last_decision_ids.get(name), "at": d.at.isoformat(),
                                        "reason": d.reason, "actuate": d.actuate} if d else None),
                     "degraded": (getattr(self.metrics_source, "degraded", {}) or {}).get(name),
                 }

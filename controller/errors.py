@@ -13,7 +13,8 @@
         ├── DatabaseError
         ├── ScenarioError (ValueError)
         ├── SchemaNotCurrentError (RuntimeError)
-        └── UnknownPolicyKind (KeyError)
+        ├── UnknownPolicyKind (KeyError)
+        └── UnknownProvider (KeyError)
 
 (``render_tree()`` draws it from the classes; ``tests/unit/test_errors.py`` checks that the drawing
 and the classes agree, and that no other module of the project defines a public exception: a
@@ -41,7 +42,7 @@ from typing import Iterable
 
 __all__ = [
     "TidegateError", "UserError", "AddressUnavailable", "BundleError", "ConfigError", "CronError",
-    "DatabaseError", "ScenarioError", "SchemaNotCurrentError", "UnknownPolicyKind",
+    "DatabaseError", "ScenarioError", "SchemaNotCurrentError", "UnknownPolicyKind", "UnknownProvider",
     "ProviderError", "PermanentProviderError", "TransientProviderError", "ConflictError", "render_tree",
 ]
 
@@ -102,6 +103,18 @@ class UnknownPolicyKind(UserError, KeyError):
 
     def __str__(self) -> str:
         return f"unknown policy kind {self.kind!r} (known: {', '.join(self.known)})"
+
+
+class UnknownProvider(UserError, KeyError):
+    """A pool names a provider that no installed entry point provides."""
+
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        super().__init__(name)
+        self.name = name
+        self.known = sorted(known)
+
+    def __str__(self) -> str:
+        return f"unknown pool provider {self.name!r} (installed: {', '.join(self.known)})"
 
 
 # --- calls to the outside -----------------------------------------------------------------------

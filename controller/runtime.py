@@ -275,9 +275,9 @@ def build_runtime(cfg: DaemonConfig, *, clock: Clock | None = None, dry_run: boo
     extras: dict[str, Any] = {}
     from providers.clock import SystemClock
     from providers.leader import build_elector
-    from providers.real import KubernetesConnection
+    from providers.kubernetes import KubernetesSettings
 
-    kube = cfg.providers.settings.kubernetes if isinstance(cfg.providers, RealProviders) else KubernetesConnection()
+    kube = cfg.providers.settings.kubernetes if isinstance(cfg.providers, RealProviders) else KubernetesSettings()
     if isinstance(cfg.providers, SimulatedProviders):
         from providers.clock import AcceleratedClock
         from providers.sim import build_simulated_providers

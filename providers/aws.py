@@ -1,4 +1,4 @@
-"""AWS side of the aws-spot / aws-ondemand pools, through boto3.
+"""AWS side of the pools with ``provider: aws`` (spot or on-demand), through boto3.
 
 Why it exists: an AWS pool's nodes are an Auto Scaling group (spot through a MixedInstancesPolicy,
 or on-demand); tidegate sets its desired capacity in nodes (the core computes them from replicas x
@@ -21,19 +21,22 @@ a plain lower desired capacity lets the group pick a busy victim). Around that:
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping, Sequence
 
-import botocore.exceptions
-from botocore.config import Config
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from controller.core.model import PoolSpec
+from controller.core.model import PoolSpec, Tier
 from controller.errors import PermanentProviderError, ProviderError, TransientProviderError
 from providers.base import (
     GroupInstance, GroupState, Notice, NoticeKind, RetryPolicy, retry_transient,
 )
+from providers.registry import BuildContext, PoolProviderKind, ProviderParts
+
+logger = logging.getLogger("tidegate.providers.aws")
 
 PROVIDER = "aws"
 CALL_SET_DESIRED = "set_desired_capacity"
@@ -66,39 +69,50 @@ CAPACITY_MARKERS = (
 # --- settings ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class AwsSettings:
-    """How the AWS adapters talk to AWS and how long what they learn stays true."""
+class AwsSettings(BaseModel):
+    """``providers.settings.aws``: boto3 for Auto Scaling, EC2 spot prices and the SQS
+    interruption queue (credentials come from the usual chain: IRSA / pod identity, environment,
+    instance profile), and how long what the adapters learn stays true."""
 
-    endpoint_url: str | None = None
-    """Override of every service endpoint (tests, or a proxy); ``None``: the region's default."""
-    connect_timeout_s: float = 3.0
-    read_timeout_s: float = 10.0
-    retry: RetryPolicy = RetryPolicy()
-    """Backoff with jitter for throttling and 5xx, inside a time budget per call."""
-    capacity_error_lookback_s: float = 900.0
-    """Failed scaling activities older than this are ignored, seconds."""
-    interruption_queue_url: str | None = None
-    """SQS queue fed by EventBridge rules for spot interruption warnings, rebalance
-    recommendations, instance state changes and scheduled health events (``None``: no queue)."""
-    queue_poll_interval_s: float = 2.0
-    """The queue is read at most this often (state is read per model and pool each tick)."""
-    queue_max_batches: int = 10
-    """At most this many ``ReceiveMessage`` batches (10 messages each) per poll."""
-    notice_ttl_s: float = 600.0
-    """A notice read from the queue is kept this long after the event's time, seconds (the spot
-    warning comes 2 minutes ahead; the instance is gone well within this)."""
-    rebalance_is_interruption: bool = False
-    """Treat rebalance recommendations as interruptions (replace at once) instead of a softer
-    notice. Off by default, as in Karpenter and the node termination handler."""
-    spot_price_max_age_s: float = 3600.0
-    """A cached live spot price older than this is no longer used (static fallback), seconds."""
-    product_description: str = "Linux/UNIX"
-    """Spot price product description to query."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    endpoint_url: str | None = Field(None, description="Override of every AWS endpoint (a proxy, tests). Unset: each region's default.")
+    connect_timeout_s: float = Field(3.0, gt=0, description="Connection timeout per request, seconds.")
+    read_timeout_s: float = Field(10.0, gt=0, description="Read timeout per request, seconds.")
+    retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Backoff for throttling and 5xx (botocore's own retries are off so the budget is ours).")
+    capacity_error_lookback_s: float = Field(900.0, gt=0, description="Failed scaling activities older than this are ignored, seconds.")
+    interruption_queue_url: str | None = Field(None, description="SQS queue fed by EventBridge rules for spot interruption warnings, rebalance recommendations, instance state changes and scheduled health events (as Karpenter uses). Unset: interruptions only from node taints. Not read in dry-run (reading deletes messages).")
+    queue_poll_interval_s: float = Field(2.0, ge=0, description="The queue is read at most this often, seconds (daemon clock).")
+    queue_max_batches: int = Field(10, ge=1, description="At most this many ReceiveMessage batches (10 messages each) per poll.")
+    notice_ttl_s: float = Field(600.0, gt=0, description="A notice read from the queue is kept this long after the event's time, seconds (the spot warning comes 2 minutes ahead; the instance is gone well within this).")
+    rebalance_is_interruption: bool = Field(False, description="Treat rebalance recommendations as interruptions (replace at once) instead of a softer notice (off, as in Karpenter and the node termination handler).")
+    spot_price_max_age_s: float = Field(3600.0, gt=0, description="A live spot price older than this is no longer used (the pool's static price is), seconds.")
+    product_description: str = Field("Linux/UNIX", description="Spot price product description to query.")
+    spot_price_refresh_s: float = Field(300.0, gt=0, description="Seconds between refreshes of the live spot prices (describe_spot_price_history; a scheduler job, never on the tick's path). Must be shorter than spot_price_max_age_s.")
+
+    @model_validator(mode="after")
+    def _refresh_before_expiry(self) -> "AwsSettings":
+        if self.spot_price_refresh_s >= self.spot_price_max_age_s:
+            raise ValueError(f"spot_price_refresh_s ({self.spot_price_refresh_s:g}) must be less than "
+                             f"spot_price_max_age_s ({self.spot_price_max_age_s:g}), or live prices expire between refreshes")
+        return self
 
 
-def boto_config(settings: AwsSettings) -> Config:
+class AwsPoolSettings(BaseModel):
+    """``pools[].aws``: the Auto Scaling group behind one pool."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    region: str = Field(description="AWS region, e.g. us-east-1.")
+    auto_scaling_group: str = Field(description="Auto Scaling group holding this pool's nodes.")
+    instance_type: str | None = Field(None, description="EC2 instance type, used to look up spot prices.")
+    availability_zones: list[str] = Field(default_factory=list, description="Zones to read spot prices for (empty: all of the group's).")
+
+
+def boto_config(settings: AwsSettings) -> Any:
     """botocore config with its own retries off: ``retry_transient`` owns the time budget."""
+    from botocore.config import Config
+
     return Config(retries={"total_max_attempts": 1, "mode": "standard"},
                   connect_timeout=settings.connect_timeout_s, read_timeout=settings.read_timeout_s)
 
@@ -117,6 +131,8 @@ def make_client(service: str, region: str, settings: AwsSettings, session: Any =
 def translate_aws_error(e: BaseException, what: str) -> ProviderError:
     """Throttling, 5xx, contention and network trouble are transient; everything else (validation,
     access denied, missing resources, no credentials) is permanent."""
+    import botocore.exceptions
+
     if isinstance(e, botocore.exceptions.ClientError):
         err = e.response.get("Error", {})
         code = str(err.get("Code", ""))
@@ -135,6 +151,8 @@ def translate_aws_error(e: BaseException, what: str) -> ProviderError:
 
 
 def _call(what: str, fn: Callable[[], Any]) -> Any:
+    import botocore.exceptions  # imported when called: the settings and the kind load without botocore
+
     try:
         return fn()
     except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError, OSError) as e:
@@ -462,7 +480,7 @@ class AwsSpotPrices:
     def prices(self, pools: Sequence[PoolSpec], now: datetime) -> Mapping[str, float]:
         out: dict[str, float] = {}
         for p in pools:
-            live = self.live(p.name, now) if p.kind.is_spot else None
+            live = self.live(p.name, now) if p.tier.is_spot else None
             out[p.name] = live if live is not None else p.price_per_node_hour_usd
         return out
 
@@ -475,8 +493,58 @@ class AwsSpotPrices:
         return job
 
 
+# --- the aws provider ---------------------------------------------------------------------------
+
+
+def _sqs_region(queue_url: str, fallback: str) -> str:
+    host = queue_url.split("://", 1)[-1].split("/", 1)[0]
+    parts = host.split(".")
+    return parts[1] if len(parts) > 3 and parts[0] == "sqs" else fallback
+
+
+class AwsProvider(PoolProviderKind):
+    """``provider: aws``: each pool's nodes are an Auto Scaling group (``pools[].aws``); spot pools
+    with an ``instance_type`` get live spot prices; one SQS queue (if configured, and never in
+    dry-run, because reading deletes the messages an acting daemon needs) brings interruption
+    warnings for every AWS pool."""
+
+    name = "aws"
+    tiers = frozenset({Tier.SPOT, Tier.ONDEMAND})
+    description = "EC2 Auto Scaling groups, live spot prices, the EventBridge/SQS interruption queue."
+    interruption_notice_s = 120.0  # the EC2 spot interruption warning comes two minutes ahead
+    Settings = AwsSettings
+    PoolSettings = AwsPoolSettings
+
+    def build(self, pools: Sequence[Any], ctx: BuildContext) -> ProviderParts:
+        settings: AwsSettings = ctx.settings or AwsSettings()
+        clients: dict[tuple[str, str], Any] = {}
+
+        def client(service: str, region: str) -> Any:
+            if (service, region) not in clients:
+                clients[(service, region)] = make_client(service, region, settings, ctx.client)
+            return clients[(service, region)]
+
+        queue = None
+        if settings.interruption_queue_url and ctx.dry_run:
+            logger.info("dry-run: the SQS interruption queue is not read (reading deletes messages an acting daemon "
+                        "needs); interruptions are seen from node taints only")
+        if settings.interruption_queue_url and pools and not ctx.dry_run:
+            region = _sqs_region(settings.interruption_queue_url, pools[0].aws.region)
+            queue = AwsInterruptionQueue(client("sqs", region), settings.interruption_queue_url, settings)
+        groups: dict[str, Any] = {
+            pc.name: AwsNodeGroup(pc.aws.auto_scaling_group, client("autoscaling", pc.aws.region),
+                                  interruptions=queue, settings=settings)
+            for pc in pools}
+        targets = {pc.name: SpotPriceTarget(pc.aws.region, pc.aws.instance_type, tuple(pc.aws.availability_zones))
+                   for pc in pools if pc.tier is Tier.SPOT and pc.aws.instance_type}
+        spot = AwsSpotPrices(targets, lambda region: client("ec2", region), settings) if targets else None
+        jobs = [] if spot is None else [(spot.refresh_job(ctx.clock), settings.spot_price_refresh_s, "aws-spot-prices")]
+        return ProviderParts(groups=groups, prices=spot, jobs=jobs,
+                             parts={"spot_prices": spot, "interruptions": queue})
+
+
 __all__ = [
-    "AwsInterruptionQueue", "AwsNodeGroup", "AwsSettings", "AwsSpotPrices", "CALL_SET_DESIRED", "CALL_TERMINATE",
+    "AwsInterruptionQueue", "AwsNodeGroup", "AwsPoolSettings", "AwsProvider", "AwsSettings", "AwsSpotPrices", "CALL_SET_DESIRED", "CALL_TERMINATE",
     "CAPACITY_MARKERS", "PROVIDER", "ParsedEvent", "SpotPriceTarget", "TRANSIENT_CODES", "boto_config",
     "capacity_failure", "instance_id_from_provider_id", "make_client", "parse_event", "translate_aws_error",
 ]

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from controller.core.model import Action, ActionStatus, PoolSpec
 from controller.core.reasons import Reason
 from controller.errors import ProviderError, TransientProviderError
@@ -30,19 +32,17 @@ T = TypeVar("T")
 # --- retry -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How one logical provider call is retried after a transient error."""
+class RetryPolicy(BaseModel):
+    """Exponential backoff with full jitter for transient errors (throttling, 5xx, 409 conflicts),
+    inside a time budget per call so that a throttled API delays one tick, never the loop. The
+    ``retry`` section of each adapter's settings."""
 
-    budget_s: float = 3.0
-    """Longest wall time one call may spend, retries and pauses included, seconds. Kept well under
-    the tick interval (5 s by default) so a throttled cloud delays one tick, never the loop."""
-    base_delay_s: float = 0.1
-    """Upper bound of the first pause; each later pause's bound doubles (full jitter), seconds."""
-    max_delay_s: float = 2.0
-    """Cap on the bound of any one pause, seconds."""
-    max_attempts: int = 5
-    """Attempts in all (the first call included)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    budget_s: float = Field(3.0, gt=0, description="Longest wall time one logical call may spend, retries and pauses included, seconds. Keep it well under loop.interval_s (5 s by default), so a throttled cloud delays one tick, never the loop.")
+    base_delay_s: float = Field(0.1, gt=0, description="Upper bound of the first pause, seconds; each later bound doubles (full jitter).")
+    max_delay_s: float = Field(2.0, gt=0, description="Cap on the bound of any one pause, seconds.")
+    max_attempts: int = Field(5, ge=1, description="Attempts in all, the first included.")
 
 
 def retry_transient(
@@ -173,8 +173,8 @@ class UnavailableMarks:
 
 
 def unavailable_reason(pool: PoolSpec, cause: str, message: str) -> str:
-    """``Code: message`` with the placement reason code for the pool's kind plus the cause."""
-    code = Reason.SPOT_POOL_UNAVAILABLE if pool.kind.is_spot else Reason.POOL_UNAVAILABLE
+    """``Code: message`` with the placement reason code for the pool's tier plus the cause."""
+    code = Reason.SPOT_POOL_UNAVAILABLE if pool.tier.is_spot else Reason.POOL_UNAVAILABLE
     return f"{code.value}: {cause}: {message}"
 
 
@@ -248,7 +248,7 @@ class NodeGroup(Protocol):
     """The cloud half of a pool. Calls raise ``ProviderError`` subclasses only."""
 
     provider: str
-    """``aws`` or ``gcp``: the ``provider`` of its action rows."""
+    """The provider's name (``aws``, ``gcp``...): the ``provider`` of its action rows."""
     name: str
     set_call: str
     """Name of the resize call in action rows (``set_desired_capacity``, ``resize``)."""

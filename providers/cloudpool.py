@@ -11,8 +11,8 @@ The pieces every real adapter shares (retries, action rows, the insufficient-cap
 notices and the ``NodeGroup`` protocol) are in ``providers.base``: the adapters import that, never
 this module or each other, and this module imports them (one direction).
 
-``build_real_pools(config, kube_api=...)`` wires every pool of a ``DaemonConfig`` to its real
-providers (and the prices to their sources) in one call.
+``CombinedPrices`` joins the pool providers' price sources; ``providers.wiring`` wires every pool of
+a ``DaemonConfig`` to its real providers through the provider registry (``providers.registry``).
 
 Errors: ``scale`` raises ``TransientProviderError`` / ``PermanentProviderError`` like every
 provider; the actions made before the failure and the failed one ride along on the exception
@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from controller.core.model import Action, ActionStatus, ModelSpec, PoolSpec, PoolState
 from controller.errors import PermanentProviderError
@@ -39,15 +41,13 @@ if TYPE_CHECKING:  # annotations only; the adapters are imported when pools are 
 # --- the composition ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class CloudPoolSettings:
-    """How a cloud pool reacts to its node group's trouble."""
+class CloudPoolSettings(BaseModel):
+    """How a cloud pool reacts to its node group's capacity trouble (``providers.settings.cloud``)."""
 
-    capacity_unavailable_s: float = 180.0
-    """After an insufficient-capacity or quota failure the pool is reported unavailable for this
-    long from the failure's time, seconds (Karpenter's insufficient-capacity cache is 3 minutes)."""
-    capacity_error_max_age_s: float = 900.0
-    """Failures older than this are ignored even at startup, seconds."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    capacity_unavailable_s: float = Field(180.0, gt=0, description="After an insufficient-capacity or quota failure the pool is unavailable for this long from the failure's time, seconds (Karpenter: 3 minutes).")
+    capacity_error_max_age_s: float = Field(900.0, gt=0, description="Failures older than this are ignored, even at startup, seconds.")
 
 
 @dataclass
@@ -202,115 +202,23 @@ class CloudPoolProvider:
 
 
 class CombinedPrices:
-    """``PriceSource`` over every pool: AWS spot pools from ``AwsSpotPrices`` (live, cached), GCP
-    pools from ``GcpSpotPrices`` (configured list prices), everything else its static price."""
+    """``PriceSource`` over every pool: each provider's live prices for its own pools (``sources``:
+    provider name -> its ``PriceSource``), every other pool its static price."""
 
-    def __init__(self, aws: Any = None, gcp: Any = None) -> None:
-        self.aws = aws
-        self.gcp = gcp
+    def __init__(self, sources: Mapping[str, Any] | None = None) -> None:
+        self.sources = dict(sources or {})
 
     def prices(self, pools: Sequence[PoolSpec], now: datetime) -> Mapping[str, float]:
         out = {p.name: p.price_per_node_hour_usd for p in pools}
-        aws_pools = [p for p in pools if p.kind.cloud == "aws"]
-        gcp_pools = [p for p in pools if p.kind.cloud == "gcp"]
-        if self.aws is not None and aws_pools:
-            out.update(self.aws.prices(aws_pools, now))
-        if self.gcp is not None and gcp_pools:
-            out.update(self.gcp.prices(gcp_pools, now))
+        for provider, source in self.sources.items():
+            mine = [p for p in pools if p.provider == provider]
+            if mine:
+                out.update(source.prices(mine, now))
         return out
-
-
-@dataclass
-class RealPools:
-    """What ``build_real_pools`` wires: a provider per pool and the price source (with the AWS spot
-    price cache, whose ``refresh_job`` the daemon schedules, and the interruption queue, if any)."""
-
-    pools: dict[str, Any]
-    prices: CombinedPrices
-    spot_prices: Any = None
-    interruptions: Any = None
-
-
-def _sqs_region(queue_url: str, fallback: str) -> str:
-    host = queue_url.split("://", 1)[-1].split("/", 1)[0]
-    parts = host.split(".")
-    return parts[1] if len(parts) > 3 and parts[0] == "sqs" else fallback
-
-
-def build_real_pools(
-    config: Any,
-    *,
-    kube_api: Any,
-    kubernetes: Any = None,
-    aws: Any = None,
-    gcp: Any = None,
-    cloud: CloudPoolSettings = CloudPoolSettings(),
-    gcp_spot_prices_usd: Mapping[str, float] | None = None,
-    dry_run: bool | None = None,
-    aws_session: Any = None,
-    gcp_credentials: Any = None,
-) -> RealPools:
-    """One ``PoolProvider`` per pool of a ``DaemonConfig``: on-prem pools get the Kubernetes
-    provider alone, ``aws-*`` pools add their Auto Scaling group, ``gcp-*`` pools their managed
-    instance group. ``kube_api`` is a ``kubernetes.client.ApiClient``; ``kubernetes`` / ``aws`` /
-    ``gcp`` are ``KubernetesSettings`` / ``AwsSettings`` / ``GcpSettings`` (defaults if omitted).
-    ``dry_run`` defaults to the config's."""
-    from providers.aws import AwsInterruptionQueue, AwsNodeGroup, AwsSettings, AwsSpotPrices, SpotPriceTarget, make_client
-    from providers.gcp import GcpNodeGroup, GcpSettings, GcpSpotPrices, make_mig_client
-    from providers.kubernetes import KubernetesCluster, KubernetesPoolProvider, KubernetesSettings
-
-    ks = kubernetes or KubernetesSettings()
-    aws_s = aws or AwsSettings()
-    gcp_s = gcp or GcpSettings()
-    dry = config.dry_run if dry_run is None else dry_run
-    cluster = KubernetesCluster(kube_api, ks)
-    specs = config.pool_specs()
-    aws_pools = [p for p in config.pools if p.aws is not None and p.kind.cloud == "aws"]
-
-    clients: dict[tuple[str, str], Any] = {}
-
-    def aws_client(service: str, region: str) -> Any:
-        if (service, region) not in clients:
-            clients[(service, region)] = make_client(service, region, aws_s, aws_session)
-        return clients[(service, region)]
-
-    queue = None
-    if aws_s.interruption_queue_url and aws_pools:
-        region = _sqs_region(aws_s.interruption_queue_url, aws_pools[0].aws.region)
-        queue = AwsInterruptionQueue(aws_client("sqs", region), aws_s.interruption_queue_url, aws_s)
-    mig_clients: dict[bool, Any] = {}
-
-    out: dict[str, Any] = {}
-    for pc in config.pools:
-        spec = specs[pc.name]
-        deployments = {m.name: m.deployments[pc.name] for m in config.models if pc.name in m.deployments}
-        kube = KubernetesPoolProvider(spec, deployments, cluster, node_selector=pc.kubernetes.node_selector,
-                                      settings=ks, dry_run=dry)
-        group: Any = None
-        if pc.kind.cloud == "aws":
-            if pc.aws is None:
-                raise PermanentProviderError(f"pool {pc.name!r} is {pc.kind.value} but has no aws section")
-            group = AwsNodeGroup(pc.aws.auto_scaling_group, aws_client("autoscaling", pc.aws.region),
-                                 interruptions=queue, settings=aws_s)
-        elif pc.kind.cloud == "gcp":
-            if pc.gcp is None:
-                raise PermanentProviderError(f"pool {pc.name!r} is {pc.kind.value} but has no gcp section")
-            regional = pc.gcp.region is not None
-            if regional not in mig_clients:
-                mig_clients[regional] = make_mig_client(regional=regional, settings=gcp_s, credentials=gcp_credentials)
-            group = GcpNodeGroup(pc.gcp.project, pc.gcp.instance_group_manager, mig_clients[regional],
-                                 zone=pc.gcp.zone, region=pc.gcp.region, spot=pc.kind.is_spot, settings=gcp_s)
-        out[pc.name] = kube if group is None else CloudPoolProvider(kube, group, settings=cloud, dry_run=dry)
-
-    targets = {p.name: SpotPriceTarget(p.aws.region, p.aws.instance_type, tuple(p.aws.availability_zones))
-               for p in aws_pools if p.kind.is_spot and p.aws.instance_type}
-    spot = AwsSpotPrices(targets, lambda region: aws_client("ec2", region), aws_s) if targets else None
-    gcp_prices = GcpSpotPrices(gcp_spot_prices_usd or {})
-    return RealPools(out, CombinedPrices(spot, gcp_prices), spot, queue)
 
 
 __all__ = [
     "ActionLog", "CloudPoolProvider", "CloudPoolSettings", "CombinedPrices", "GroupInstance", "GroupState",
-    "NodeGroup", "Notice", "NoticeKind", "RealPools", "RetryPolicy", "UnavailableMarks", "actions_of",
-    "build_real_pools", "describe_error", "retry_transient", "status_of", "unavailable_reason",
+    "NodeGroup", "Notice", "NoticeKind", "RetryPolicy", "UnavailableMarks", "actions_of",
+    "describe_error", "retry_transient", "status_of", "unavailable_reason",
 ]

@@ -1,4 +1,4 @@
-"""GCP side of the gcp-spot / gcp-ondemand pools, through google-cloud-compute.
+"""GCP side of the pools with ``provider: gcp`` (spot or on-demand), through google-cloud-compute.
 
 Why it exists: a GCP pool's nodes are a zonal or regional managed instance group (spot VMs or
 standard). tidegate resizes it to the node count the core computes and, on the way down, deletes
@@ -18,15 +18,15 @@ The compute client has no spot price API, so spot list prices come from the conf
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
-from google.api_core import exceptions as gexc
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from controller.core.model import PoolSpec
+from controller.core.model import PoolSpec, Tier
 from controller.errors import PermanentProviderError, ProviderError, TransientProviderError
 from providers.base import GroupInstance, GroupState, Notice, NoticeKind, RetryPolicy, retry_transient
+from providers.registry import BuildContext, PoolProviderKind, ProviderParts
 
 PROVIDER = "gcp"
 CALL_RESIZE = "resize"
@@ -48,16 +48,42 @@ PREEMPTED_STATUSES = frozenset({"STOPPING", "TERMINATED", "PENDING_STOP", "SUSPE
 RATE_LIMIT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
 
 
-@dataclass(frozen=True)
-class GcpSettings:
-    """How the GCP adapters talk to the compute API."""
+class GcpSettings(BaseModel):
+    """``providers.settings.gcp``: google-cloud-compute for managed instance groups (credentials:
+    Application Default Credentials, e.g. Workload Identity) and spot list prices."""
 
-    api_endpoint: str | None = None
-    """Compute API endpoint override (tests, private service connect); ``None``: the default."""
-    request_timeout_s: float = 10.0
-    retry: RetryPolicy = RetryPolicy()
-    max_group_size: int = 1000
-    """Upper bound of a group (a zonal MIG holds at most 1000 VMs); the pool's max_nodes applies too."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    api_endpoint: str | None = Field(None, description="Compute API endpoint override (private service connect, tests). Unset: the default.")
+    credentials: Literal["default", "anonymous"] = Field("default", description="default: Application Default Credentials; anonymous: none at all (only for a local test endpoint).")
+    request_timeout_s: float = Field(10.0, gt=0, description="Timeout per request, seconds.")
+    retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Backoff for 429, 5xx and rate-limit 403s.")
+    max_group_size: int = Field(1000, ge=1, description="Upper bound of a group's size (a zonal MIG holds at most 1000 VMs); the pool's max_nodes applies too.")
+    spot_prices_usd: dict[str, float] = Field(default_factory=dict, description="Spot list price per node-hour, USD, per gcp pool name (the compute client has no spot price API). Pools not listed use their static price_per_node_hour_usd.")
+
+    @model_validator(mode="after")
+    def _prices_non_negative(self) -> "GcpSettings":
+        bad = {k: v for k, v in self.spot_prices_usd.items() if not v >= 0}
+        if bad:
+            raise ValueError(f"spot_prices_usd must be >= 0, got {bad}")
+        return self
+
+
+class GcpPoolSettings(BaseModel):
+    """``pools[].gcp``: the managed instance group behind one pool."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    project: str = Field(description="GCP project id.")
+    zone: str | None = Field(None, description="Zone of a zonal managed instance group.")
+    region: str | None = Field(None, description="Region of a regional managed instance group.")
+    instance_group_manager: str = Field(description="Managed instance group name.")
+
+    @model_validator(mode="after")
+    def _zone_xor_region(self) -> "GcpPoolSettings":
+        if (self.zone is None) == (self.region is None):
+            raise ValueError(f"set exactly one of zone ({self.zone!r}) and region ({self.region!r})")
+        return self
 
 
 def make_mig_client(*, regional: bool, settings: GcpSettings = GcpSettings(), credentials: Any = None) -> Any:
@@ -70,7 +96,7 @@ def make_mig_client(*, regional: bool, settings: GcpSettings = GcpSettings(), cr
     return cls(credentials=credentials, client_options=options, transport="rest")
 
 
-def _reasons(e: gexc.GoogleAPICallError) -> set[str]:
+def _reasons(e: Any) -> set[str]:
     out = set()
     for err in getattr(e, "errors", None) or []:
         if isinstance(err, dict) and err.get("reason"):
@@ -79,6 +105,8 @@ def _reasons(e: gexc.GoogleAPICallError) -> set[str]:
 
 
 def translate_gcp_error(e: BaseException, what: str) -> ProviderError:
+    from google.api_core import exceptions as gexc  # imported when called: the settings and the kind load without it
+
     if isinstance(e, gexc.GoogleAPICallError):
         code = getattr(e, "code", None)
         msg = str(getattr(e, "message", e))[:300]
@@ -244,7 +272,48 @@ class GcpSpotPrices:
         return {p.name: self.spot_prices_usd.get(p.name, p.price_per_node_hour_usd) for p in pools}
 
 
+class GcpProvider(PoolProviderKind):
+    """``provider: gcp``: each pool's nodes are a zonal or regional managed instance group
+    (``pools[].gcp``); spot prices are the configured list prices (``spot_prices_usd``)."""
+
+    name = "gcp"
+    tiers = frozenset({Tier.SPOT, Tier.ONDEMAND})
+    description = "Compute Engine managed instance groups, configured spot list prices."
+    interruption_notice_s = 30.0  # a spot VM's preemption notice
+    Settings = GcpSettings
+    PoolSettings = GcpPoolSettings
+
+    def problems(self, settings: Any, pools: Mapping[str, str]) -> list[str]:
+        s: GcpSettings = settings or GcpSettings()
+        out = []
+        for name in s.spot_prices_usd:
+            if name not in pools:
+                out.append(f"providers.settings.gcp.spot_prices_usd names pool {name!r}, which is not among the pools {sorted(pools)}")
+            elif pools[name] != self.name:
+                out.append(f"providers.settings.gcp.spot_prices_usd names pool {name!r}, whose provider is {pools[name]}, not gcp")
+        return out
+
+    def build(self, pools: Sequence[Any], ctx: BuildContext) -> ProviderParts:
+        settings: GcpSettings = ctx.settings or GcpSettings()
+        creds = ctx.client
+        if creds is None and settings.credentials == "anonymous":
+            from google.auth.credentials import AnonymousCredentials
+
+            creds = AnonymousCredentials()
+        clients: dict[bool, Any] = {}
+        groups: dict[str, Any] = {}
+        for pc in pools:
+            regional = pc.gcp.region is not None
+            if regional not in clients:
+                clients[regional] = make_mig_client(regional=regional, settings=settings, credentials=creds)
+            groups[pc.name] = GcpNodeGroup(pc.gcp.project, pc.gcp.instance_group_manager, clients[regional],
+                                           zone=pc.gcp.zone, region=pc.gcp.region, spot=pc.tier is Tier.SPOT,
+                                           settings=settings)
+        return ProviderParts(groups=groups, prices=GcpSpotPrices(settings.spot_prices_usd))
+
+
 __all__ = [
-    "CALL_DELETE_INSTANCES", "CALL_RESIZE", "CAPACITY_ERROR_CODES", "GcpNodeGroup", "GcpSettings", "GcpSpotPrices",
+    "CALL_DELETE_INSTANCES", "CALL_RESIZE", "CAPACITY_ERROR_CODES", "GcpNodeGroup", "GcpPoolSettings", "GcpProvider",
+    "GcpSettings", "GcpSpotPrices",
     "PROVIDER", "instance_name_from_provider_id", "make_mig_client", "translate_gcp_error",
 ]

@@ -23,22 +23,29 @@ a pool count pods or nodes that are not its own.
 
 from __future__ import annotations
 
+import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 import urllib3
-from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from controller.core.model import Action, ActionStatus, ModelSpec, PoolSpec, PoolState
+from controller.core.model import Action, ActionStatus, ModelSpec, PoolSpec, PoolState, Tier
 from controller.errors import ConflictError, PermanentProviderError, ProviderError, TransientProviderError
 from providers.base import (
     ActionLog, Notice, NoticeKind, RetryPolicy, UnavailableMarks, retry_transient, unavailable_reason,
 )
+from providers.registry import PoolProviderKind
+
+if TYPE_CHECKING:  # the client library is imported when a cluster is reached: the settings, the
+    # onprem kind and the selector helpers load without its thousands of classes (the simulator
+    # and the config loader use them)
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
 
 PROVIDER = "kubernetes"
 CALL_SCALE = "patch_namespaced_deployment_scale"
@@ -67,29 +74,48 @@ INTERRUPTION_TAINTS: Mapping[str, NoticeKind] = MappingProxyType({
 # --- settings ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class KubernetesSettings:
-    """How the Kubernetes side judges capacity trouble and talks to the API server."""
+class KubernetesSettings(BaseModel):
+    """``providers.settings.kubernetes``: how to reach the cluster's API server, and how the
+    Kubernetes side of every pool judges capacity trouble and interruptions."""
 
-    unschedulable_timeout_s: float = 120.0
-    """A replica Pending as unschedulable for longer than this (plus the pool's provisioning delay,
-    for pools whose nodes are still being ordered) marks the pool unavailable, seconds."""
-    unavailable_for_s: float = 180.0
-    """How long such a mark lasts before the pool is tried again, seconds (Karpenter caches
-    insufficient capacity for 3 minutes)."""
-    interruption_window_s: float = 3600.0
-    """``recent_interruptions`` counts distinct interruption notices seen within this window, s."""
-    gpu_resource: str = "nvidia.com/gpu"
-    """Extended resource name of the GPUs in node allocatable."""
-    request_timeout_s: float = 5.0
-    """Timeout of one API request, seconds."""
-    interruption_taints: Mapping[str, NoticeKind] = field(default_factory=lambda: dict(INTERRUPTION_TAINTS))
-    """Taint keys that announce a node's loss (default: ``INTERRUPTION_TAINTS``)."""
-    interruption_condition_types: tuple[str, ...] = ()
-    """Node condition types that, when ``True``, announce the node's loss (e.g. a
-    node-problem-detector plugin's ``TerminationScheduled``). None by default."""
-    retry: RetryPolicy = RetryPolicy()
-    """Backoff for transient API errors and scale conflicts (409)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str | None = Field(None, description="API server URL without credentials (kubectl proxy, tests). Unset: in-cluster or kubeconfig.")
+    kubeconfig: str | None = Field(None, description="Path of a kubeconfig file. Unset: the default (KUBECONFIG or ~/.kube/config) when not in a cluster.")
+    context: str | None = Field(None, description="kubeconfig context. Unset: the file's current context.")
+    in_cluster: bool | None = Field(None, description="Use the pod's service account. Unset: yes when KUBERNETES_SERVICE_HOST is set and no host or kubeconfig is given.")
+    verify_ssl: bool = Field(True, description="Verify the API server's certificate when `host` is used.")
+    unschedulable_timeout_s: float = Field(120.0, ge=0, description="A replica Pending as unschedulable longer than this (plus the pool's provisioning delay) marks the pool unavailable, seconds.")
+    unavailable_for_s: float = Field(180.0, gt=0, description="How long that mark lasts before the pool is tried again, seconds (Karpenter caches insufficient capacity for 3 minutes).")
+    interruption_window_s: float = Field(3600.0, gt=0, description="Interruption notices seen within this window count as the pool's recent interruptions, seconds.")
+    gpu_resource: str = Field("nvidia.com/gpu", description="Extended resource name of the GPUs in node allocatable.")
+    request_timeout_s: float = Field(5.0, gt=0, description="Timeout of one API request, seconds.")
+    extra_interruption_taints: dict[str, NoticeKind] = Field(default_factory=dict, description="Taint keys that announce a node's loss (interruption or rebalance), added to the built-in ones (aws-node-termination-handler, GKE impending termination, shutdown, out-of-service).")
+    interruption_condition_types: list[str] = Field(default_factory=list, description="Node condition types that, when True, announce the node's loss (e.g. a node-problem-detector TerminationScheduled).")
+    retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Backoff for transient API errors and scale conflicts (409).")
+
+    @model_validator(mode="after")
+    def _one_way_in(self) -> "KubernetesSettings":
+        if self.in_cluster and (self.host is not None or self.kubeconfig is not None):
+            raise ValueError(f"in_cluster: true excludes host ({self.host!r}) and kubeconfig ({self.kubeconfig!r})")
+        if self.host is not None and self.kubeconfig is not None:
+            raise ValueError(f"set host ({self.host!r}) or kubeconfig ({self.kubeconfig!r}), not both")
+        return self
+
+    @property
+    def interruption_taints(self) -> Mapping[str, NoticeKind]:
+        """The built-in ``INTERRUPTION_TAINTS`` plus ``extra_interruption_taints``."""
+        return {**INTERRUPTION_TAINTS, **self.extra_interruption_taints}
+
+    def use_in_cluster(self, environ: Mapping[str, str] | None = None) -> bool:
+        if self.in_cluster is not None:
+            return self.in_cluster
+        env = os.environ if environ is None else environ
+        return self.host is None and self.kubeconfig is None and bool(env.get("KUBERNETES_SERVICE_HOST"))
+
+    def api_client(self) -> k8s.ApiClient:
+        return make_api_client(host=self.host, kubeconfig=self.kubeconfig, context=self.context,
+                               in_cluster=self.use_in_cluster(), verify_ssl=self.verify_ssl)
 
 
 class DeploymentRef(Protocol):
@@ -244,6 +270,8 @@ def translate_api_error(e: BaseException, what: str) -> ProviderError:
     409 is a ``ConflictError`` (re-read and retry); 429, 5xx and network trouble are transient;
     404 names ``what`` (say, the model's Deployment) as missing, permanently; 401/403 and other
     4xx are permanent (fix the config or RBAC; retrying changes nothing)."""
+    from kubernetes.client.exceptions import ApiException
+
     if isinstance(e, ApiException):
         status = int(e.status or 0)
         msg = _api_message(e)
@@ -344,6 +372,7 @@ def make_api_client(*, host: str | None = None, kubeconfig: str | None = None, c
                     in_cluster: bool = False, verify_ssl: bool = True) -> k8s.ApiClient:
     """An ``ApiClient`` from in-cluster credentials, a kubeconfig file, or a bare ``host`` URL
     (tests and ``kubectl proxy``)."""
+    from kubernetes import client as k8s
     from kubernetes import config as kconfig
 
     if in_cluster:
@@ -362,6 +391,8 @@ class KubernetesCluster:
 
     def __init__(self, api_client: k8s.ApiClient, settings: KubernetesSettings = KubernetesSettings(),
                  *, sleep: Callable[[float], None] = time.sleep) -> None:
+        from kubernetes import client as k8s
+
         self.api_client = api_client
         self.apps = k8s.AppsV1Api(api_client)
         self.core = k8s.CoreV1Api(api_client)
@@ -369,6 +400,8 @@ class KubernetesCluster:
         self._sleep = sleep
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
         try:
             return fn()
         except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as e:
@@ -404,6 +437,8 @@ class KubernetesCluster:
             self._call(what, lambda: self.core.patch_namespaced_pod(
                 name, namespace, {"metadata": {"annotations": dict(annotations)}}, _request_timeout=t))
         except PermanentProviderError as e:
+            from kubernetes.client.exceptions import ApiException
+
             if isinstance(e.__cause__, ApiException) and e.__cause__.status == 404:
                 return False
             raise
@@ -745,9 +780,21 @@ class KubernetesPoolProvider:
         return log.actions
 
 
+# --- the onprem provider ------------------------------------------------------------------------
+
+
+class OnPremProvider(PoolProviderKind):
+    """``provider: onprem``: nodes that exist and are paid for. The pool is its Kubernetes side
+    alone (its Deployments on the nodes its selector names); there is no node group to resize."""
+
+    name = "onprem"
+    tiers = frozenset({Tier.ONPREM})
+    description = "Nodes already in the cluster: tidegate scales the pool's Deployments only."
+
+
 __all__ = [
     "CALL_DELETION_COST", "CALL_SCALE", "ConflictError", "DELETION_COST_ANNOTATION", "Deployment", "DeploymentRef", "INTERRUPTION_TAINTS", "KubernetesCluster",
-    "KubernetesPoolProvider", "KubernetesSettings", "NodeInfo", "PROVIDER", "PoolObservation", "Requirement",
+    "KubernetesPoolProvider", "KubernetesSettings", "OnPremProvider", "NodeInfo", "PROVIDER", "PoolObservation", "Requirement",
     "make_api_client", "node_allocatable_gpus", "node_notices", "node_ready", "node_schedulable",
     "parse_selector", "pod_terminal", "pod_unschedulable", "pod_unschedulable_since", "selector_from_label_selector",
     "selector_from_labels", "selector_matches", "translate_api_error",

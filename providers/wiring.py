@@ -8,9 +8,10 @@ price refresh). Leader election is the daemon config's own ``leader_election`` s
 It lives apart from the schema because it reads the whole daemon config: ``controller.config``
 imports the schema (``providers.real``), this module imports ``controller.config``, one direction.
 
-The Kubernetes, AWS, GCP and Triton client libraries are imported inside the functions. Building
-makes no network call: the first tick is the first observation (nothing is decided before every
-pool has been read).
+Which adapter holds a pool's nodes comes from the pool's ``provider`` through the provider registry
+(``providers.registry``): this module names no cloud. The Triton client is imported inside the
+functions. Building makes no network call: the first tick is the first observation (nothing is
+decided before every pool has been read).
 
 Dry-run: the pool providers are built in dry-run (``CloudPoolProvider`` and the Kubernetes side
 record what they would do), and the SQS interruption queue is *not* read, because reading it
@@ -22,23 +23,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from controller.config import DaemonConfig
+from providers.cloudpool import CloudPoolProvider, CombinedPrices
+from providers.kubernetes import KubernetesCluster, KubernetesPoolProvider
 from providers.real import RealSettings, TritonSettings
+from providers.registry import BuildContext, Job, ProviderRegistry, installed
 
-if TYPE_CHECKING:  # annotations only; the adapters are imported when the providers are built
+if TYPE_CHECKING:  # annotations only
     from controller.protocols import Clock, MetricsSource, PoolProvider, PriceSource
-    from providers.kubernetes import KubernetesCluster
     from providers.triton import TritonReplica
 
 logger = logging.getLogger("tidegate.providers.real")
 
 # --- the assembled providers -------------------------------------------------------------------
-
-Job = tuple[Callable[[], None], float, str]
-"""A periodic job for the daemon's scheduler: (callable, seconds between runs, job id)."""
-
 
 @dataclass
 class RealProviderSet:
@@ -49,10 +48,9 @@ class RealProviderSet:
     prices: "PriceSource"
     jobs: list[Job] = field(default_factory=list)
     """Periodic work for ``Daemon.add_job`` (the spot price refresh)."""
-    spot_prices: Any = None
-    """``providers.aws.AwsSpotPrices`` when an AWS spot pool names an instance type."""
-    interruptions: Any = None
-    """``providers.aws.AwsInterruptionQueue`` when a queue is configured (never in dry-run)."""
+    parts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per provider name, the named pieces its build exposes (aws: ``spot_prices``, the
+    ``AwsSpotPrices`` cache; ``interruptions``, the SQS queue reader, never in dry-run)."""
     api_client: Any = None
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
@@ -66,7 +64,7 @@ class RealProviderSet:
         self._closers.clear()
 
 
-def discover_triton_replicas(cluster: "KubernetesCluster", cfg: "DaemonConfig",
+def discover_triton_replicas(cluster: KubernetesCluster, cfg: "DaemonConfig",
                              triton: TritonSettings) -> Callable[[], dict[str, list["TritonReplica"]]]:
     """A callable (called every tick by ``TritonFallback``) returning each model's Triton endpoints:
     the static ones plus, with ``discover``, ``podIP:port`` of the Running pods of the model's
@@ -113,19 +111,87 @@ def discover_triton_replicas(cluster: "KubernetesCluster", cfg: "DaemonConfig",
     return replicas
 
 
+@dataclass
+class RealPools:
+    """What ``build_real_pools`` wires: a provider per pool, the price source over all of them,
+    the periodic jobs and each provider's named parts (``RealProviderSet.parts``)."""
+
+    pools: dict[str, "PoolProvider"]
+    prices: CombinedPrices
+    jobs: list[Job] = field(default_factory=list)
+    parts: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def build_real_pools(
+    config: "DaemonConfig",
+    *,
+    kube_api: Any,
+    settings: RealSettings | None = None,
+    registry: ProviderRegistry | None = None,
+    clock: "Clock | None" = None,
+    dry_run: bool | None = None,
+    clients: Mapping[str, Any] | None = None,
+) -> RealPools:
+    """One ``PoolProvider`` per pool of a ``DaemonConfig``: the pool's Kubernetes side, composed
+    (``CloudPoolProvider``) with the node group its provider builds, if any. ``kube_api`` is a
+    ``kubernetes.client.ApiClient``; ``settings`` default to the config's (or the defaults);
+    ``clients`` hands a provider a client handle the caller holds (by provider name: a
+    ``boto3.Session`` for aws, credentials for gcp). ``dry_run`` defaults to the config's."""
+    reg = registry or installed()
+    if settings is None:
+        settings = getattr(config.providers, "settings", None) or RealSettings()
+    dry = config.dry_run if dry_run is None else dry_run
+    ks = settings.kubernetes
+    cluster = KubernetesCluster(kube_api, ks)
+    specs = config.pool_specs()
+    kubes: dict[str, KubernetesPoolProvider] = {}
+
+    def kube(pc: Any) -> KubernetesPoolProvider:
+        if pc.name not in kubes:
+            deployments = {m.name: m.deployments[pc.name] for m in config.models if pc.name in m.deployments}
+            kubes[pc.name] = KubernetesPoolProvider(specs[pc.name], deployments, cluster,
+                                                    node_selector=pc.kubernetes.node_selector, settings=ks, dry_run=dry)
+        return kubes[pc.name]
+
+    by_provider: dict[str, list[Any]] = {}
+    for pc in config.pools:
+        by_provider.setdefault(specs[pc.name].provider, []).append(pc)
+    out: dict[str, Any] = {}
+    prices: dict[str, Any] = {}
+    jobs: list[Job] = []
+    parts: dict[str, dict[str, Any]] = {}
+    for provider, pcs in by_provider.items():
+        kind = reg.get(provider)
+        if kind.PoolSettings is not None:
+            missing = [pc.name for pc in pcs if not isinstance(getattr(pc, provider, None), kind.PoolSettings)]
+            if missing:
+                raise ValueError(f"pools {missing} have provider {provider} but no {provider} section")
+        built = kind.build(pcs, BuildContext(settings.provider_settings(provider), kube, dry,
+                                             clock, (clients or {}).get(provider)))
+        for pc in pcs:
+            group = built.groups.get(pc.name)
+            out[pc.name] = kube(pc) if group is None else CloudPoolProvider(
+                kube(pc), group, settings=settings.cloud, dry_run=dry)
+        if built.prices is not None:
+            prices[provider] = built.prices
+        jobs += built.jobs
+        parts[provider] = built.parts
+    return RealPools({pc.name: out[pc.name] for pc in config.pools}, CombinedPrices(prices), jobs, parts)
+
+
 def build_real_providers(
     cfg: "DaemonConfig",
     clock: "Clock",
     *,
     dry_run: bool | None = None,
     kube_api: Any = None,
-    aws_session: Any = None,
-    gcp_credentials: Any = None,
+    registry: ProviderRegistry | None = None,
+    clients: Mapping[str, Any] | None = None,
 ) -> RealProviderSet:
     """Wire the real providers from ``cfg.providers.settings`` (a ``RealSettings``).
 
-    ``dry_run`` defaults to the config's. ``kube_api`` (a ``kubernetes.client.ApiClient``),
-    ``aws_session`` (a ``boto3.Session``) and ``gcp_credentials`` replace what the settings would
+    ``dry_run`` defaults to the config's. ``kube_api`` (a ``kubernetes.client.ApiClient``) and
+    ``clients`` (by provider name, see ``build_real_pools``) replace what the settings would
     build, for callers that hold their own. Raises ``ValueError`` when the settings cannot run
     (no Prometheus section, references to unknown pools or models)."""
     settings = getattr(cfg.providers, "settings", None)
@@ -133,34 +199,20 @@ def build_real_providers(
         raise ValueError(f"build_real_providers needs providers.type real, got {getattr(cfg.providers, 'type', None)!r}")
     if settings.prometheus is None:
         raise ValueError("providers.settings.prometheus is required with providers.type real (the url of Prometheus's HTTP API)")
-    problems = settings.cross_check({p.name: p.kind.value for p in cfg.pools},
-                                    {m.name: list(m.deployments) for m in cfg.models})
+    specs = cfg.pool_specs()
+    problems = settings.cross_check({n: p.provider for n, p in specs.items()},
+                                    {m.name: list(m.deployments) for m in cfg.models}, registry)
     if problems:
         raise ValueError("; ".join(problems))
     dry = cfg.dry_run if dry_run is None else dry_run
-
-    from providers.cloudpool import build_real_pools
-    from providers.kubernetes import KubernetesCluster
 
     out_closers: list[Callable[[], None]] = []
     api = kube_api
     if api is None:
         api = settings.kubernetes.api_client()
         out_closers.append(api.close)
-    ks = settings.kubernetes.to_settings()
-    aws = settings.aws.to_settings(dry_run=dry)
-    if dry and settings.aws.interruption_queue_url:
-        logger.info("dry-run: the SQS interruption queue is not read (reading deletes messages an acting daemon needs); "
-                    "interruptions are seen from node taints only")
-    creds = gcp_credentials
-    if creds is None and settings.gcp.credentials == "anonymous":
-        from google.auth.credentials import AnonymousCredentials
-
-        creds = AnonymousCredentials()
-    real = build_real_pools(
-        cfg, kube_api=api, kubernetes=ks, aws=aws, gcp=settings.gcp.to_settings(), cloud=settings.cloud.build(),
-        gcp_spot_prices_usd=settings.gcp.spot_prices_usd, dry_run=dry, aws_session=aws_session,
-        gcp_credentials=creds)
+    real = build_real_pools(cfg, kube_api=api, settings=settings, registry=registry, clock=clock, dry_run=dry,
+                            clients=clients)
 
     prom = settings.prometheus.build()
     out_closers.append(prom.close)
@@ -168,19 +220,14 @@ def build_real_providers(
     if settings.triton is not None:
         from providers.triton import CombinedMetricsSource, TritonFallback
 
-        replicas = discover_triton_replicas(KubernetesCluster(api, ks), cfg, settings.triton)
+        replicas = discover_triton_replicas(KubernetesCluster(api, settings.kubernetes), cfg, settings.triton)
         fallback = TritonFallback(replicas, timeout_s=settings.triton.timeout_s,
                                   max_interval_s=settings.triton.max_interval_s)
         out_closers.append(fallback.close)
         metrics = CombinedMetricsSource(prom, fallback)
 
-    jobs: list[Job] = []
-    if real.spot_prices is not None:
-        jobs.append((real.spot_prices.refresh_job(clock), settings.aws.spot_price_refresh_s, "aws-spot-prices"))
-    return RealProviderSet(
-        metrics=metrics, pools=real.pools, prices=real.prices,
-        jobs=jobs, spot_prices=real.spot_prices, interruptions=real.interruptions,
-        api_client=api, _closers=out_closers)
+    return RealProviderSet(metrics=metrics, pools=real.pools, prices=real.prices, jobs=real.jobs,
+                           parts=real.parts, api_client=api, _closers=out_closers)
 
 
-__all__ = ["Job", "RealProviderSet", "build_real_providers", "discover_triton_replicas"]
+__all__ = ["Job", "RealPools", "RealProviderSet", "build_real_pools", "build_real_providers", "discover_triton_replicas"]

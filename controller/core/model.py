@@ -27,35 +27,36 @@ from typing import TYPE_CHECKING, Any, Mapping
 from controller.core import signals as signal_table
 
 
-class PoolKind(str, enum.Enum):
-    """Where replicas run. The order of preference is on-prem, then spot, then on-demand."""
+class Tier(str, enum.Enum):
+    """What kind of capacity a pool holds, whoever provides it. The order of preference is
+    on-prem, then spot, then on-demand: fill low tiers first, release high tiers first."""
 
     ONPREM = "onprem"
-    AWS_SPOT = "aws-spot"
-    AWS_ONDEMAND = "aws-ondemand"
-    GCP_SPOT = "gcp-spot"
-    GCP_ONDEMAND = "gcp-ondemand"
+    """Nodes that exist and are paid for (a fixed count): no node group to resize."""
+    SPOT = "spot"
+    """Cheap cloud capacity that the provider can take back with a short notice."""
+    ONDEMAND = "ondemand"
+    """Cloud capacity at list price that stays until released."""
 
     @property
     def is_onprem(self) -> bool:
-        return self is PoolKind.ONPREM
+        return self is Tier.ONPREM
 
     @property
     def is_spot(self) -> bool:
-        return self in (PoolKind.AWS_SPOT, PoolKind.GCP_SPOT)
+        return self is Tier.SPOT
 
     @property
     def is_ondemand(self) -> bool:
-        return self in (PoolKind.AWS_ONDEMAND, PoolKind.GCP_ONDEMAND)
+        return self is Tier.ONDEMAND
 
     @property
-    def tier(self) -> int:
-        """0 on-prem, 1 spot, 2 on-demand: fill low tiers first, release high tiers first."""
-        return 0 if self.is_onprem else 1 if self.is_spot else 2
+    def rank(self) -> int:
+        """0 on-prem, 1 spot, 2 on-demand: fill low ranks first, release high ranks first."""
+        return _TIER_RANK[self]
 
-    @property
-    def cloud(self) -> str | None:
-        return None if self.is_onprem else self.value.split("-", 1)[0]
+
+_TIER_RANK = {Tier.ONPREM: 0, Tier.SPOT: 1, Tier.ONDEMAND: 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +94,10 @@ class PoolSpec:
     """A place replicas run: static facts from the daemon config."""
 
     name: str
-    kind: PoolKind
+    tier: Tier
+    provider: str
+    """Name of the pool provider that holds its nodes (``onprem``, ``aws``, ``gcp``, or any other
+    installed one): the core never looks at it; adapters and the simulator do."""
     gpu_type: str
     gpus_per_node: int
     max_nodes: int

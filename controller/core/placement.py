@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Collection, Mapping, NamedTuple
 
-from controller.core.model import ModelSpec, PoolKind, PoolSpec, PoolState
+from controller.core.model import ModelSpec, PoolSpec, PoolState
 from controller.core.pricing import pool_price, replica_price, whole_nodes
 from controller.core.reasons import Reason
 from controller.core.spec import Placement as PlacementSpec
@@ -51,8 +51,7 @@ DEFAULT_PLACEMENT = PlacementSpec.model_validate({})
 _EPS_USD = 1e-9
 """Slack on budget comparisons, US dollars per hour: float sums must not flip a decision."""
 
-_ONPREM, _SPOT, _ONDEMAND = 0, 1, 2
-_TIER = {kind: kind.tier for kind in PoolKind}
+_ONPREM, _SPOT, _ONDEMAND = 0, 1, 2  # Tier.rank of each tier
 """Looked up once per pool and call: enum properties are slow in hot loops."""
 
 
@@ -74,7 +73,7 @@ class _Pool:
             self.tier, self.priority, self.per_node, self.capacity = _ONDEMAND, 0, 0, 0
             self.price, self.eff_cost, self.usable = 0.0, float("inf"), False
             return
-        self.tier = _TIER[spec.kind]
+        self.tier = spec.tier.rank
         self.priority = spec.priority
         self.per_node = spec.replicas_per_node(model)
         self.capacity = spec.max_nodes * self.per_node
@@ -160,7 +159,7 @@ def preferred_pool(
         per_node = spec.replicas_per_node(model)
         if per_node <= 0:
             continue
-        tier = _TIER[spec.kind]
+        tier = spec.tier.rank
         if tier == _ONDEMAND and not placement.allow_on_demand:
             continue
         key = (tier, replica_price(spec, model, states.get(name)), spec.priority, name)

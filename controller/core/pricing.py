@@ -128,9 +128,9 @@ def price_pools(model: ModelSpec, pools: Mapping[str, PoolSpec], states: Mapping
         if spec is None or st is None:
             continue
         note = None
-        if spec.kind.is_spot and st.price_per_node_hour_usd is None:
+        if spec.tier.is_spot and st.price_per_node_hour_usd is None:
             note = f"{STATIC_PRICE}: no live price for {name}; static {spec.price_per_node_hour_usd:g} USD/node-hour"
-        elif onprem is not None and spec.kind.is_onprem:
+        elif onprem is not None and spec.tier.is_onprem:
             out[name], note = _priced_onprem(model, spec, st, onprem, (power_kw or {}).get(name), now, max_age_s)
         if note is not None:
             notes[name] = note

@@ -115,9 +115,7 @@ class Placement(_Strict):
     pools: tuple[str, ...] | None = Field(None, description="Pools this policy may use (default: every pool the model has a Deployment in).")
     spot_spread_min_pools: int = Field(2, ge=1, le=MAX_COUNT, description=f"When more than one replica bursts to spot, spread them over at least this many spot pools (when that many are available; at most {MAX_COUNT}).")
     allow_on_demand: bool = Field(True, description="Use on-demand pools as the fallback when on-prem and spot cannot hold the total.")
-    unavailable_after_unready_s: WindowS = Field(300, description=f"A pool whose new replicas stay unready this long, seconds (at most {MAX_WINDOW_S}), is marked unavailable (providers apply it).")
-    max_recent_interruptions: int = Field(3, ge=0, le=MAX_COUNT, description=f"A spot pool with more interruptions than this (at most {MAX_COUNT}) within interruption_window_s is treated as unavailable.")
-    interruption_window_s: WindowS = Field(3600, description=f"Window for counting recent interruptions, seconds (at most {MAX_WINDOW_S}).")
+    max_recent_interruptions: int = Field(3, ge=0, le=MAX_COUNT, description=f"A spot pool with more recent interruptions than this (at most {MAX_COUNT}) is treated as unavailable. Recent: within the provider's window (providers.settings.kubernetes.interruption_window_s, 3600 s by default).")
 
 
 class Budget(_Strict):

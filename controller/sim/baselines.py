@@ -1,12 +1,14 @@
 """The controllers a simulation compares: tidegate itself, and what people use today.
 
-Every controller returns desired replicas per pool at its own interval, from what it can see (the
-last Prometheus scrape and the live pool states, ``engine.Observation``), and is run on the same
-fleet, spot behaviour and service model. Each baseline is an emulation of the published algorithm
-with its published defaults, cited next to it, not a straw man:
+Every one runs as the daemon's ``controller.controller.Controller`` over the simulation's providers,
+at its own interval, on the same fleet, spot behaviour and service model. tidegate decides with
+``controller.core.pipeline.decide``; a baseline (``engine.Baseline``) with its own decision
+function, which returns desired replicas per pool from what it can see (the last Prometheus scrape
+and the live pool states, ``engine.Observation``). Each baseline is an emulation of the published
+algorithm with its published defaults, cited next to it, not a straw man:
 
-``tidegate``        ``controller.core.pipeline.decide`` exactly as the daemon calls it (the policy
-                    file's rules, stabilization, rate limits, bounds, placement, budget), every
+``tidegate``        the daemon's tick exactly (the policy file's rules, stabilization, rate limits,
+                    bounds, placement, budget; node sums, make before break), every
                     ``loop.interval_s``; it resizes node groups itself (``node_mode="direct"``).
 ``all-on-demand``   the same, restricted to the on-demand pools: the savings reference.
 ``hpa``             Kubernetes HPA v2 (``autoscaling/v2``) on GPU utilization, target 70 %:
@@ -47,20 +49,21 @@ from __future__ import annotations
 
 import csv
 import math
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from controller.core.model import History, ModelSpec, PoolKind, PoolSpec, PoolState
+from controller.controller import Controller
+from controller.core.model import ModelSpec, PoolSpec, PoolState, Tier
 from controller.core.pipeline import decide
 from controller.core.placement import place
 from controller.core.policy import EffectivePolicy
 from controller.core.pricing import replica_price
 from controller.core.spec import Placement as PlacementSpec
-from controller.sim.engine import Controller, Observation, SimSetup
+from controller.sim.engine import Autoscaler, Baseline, Observation, Simulation, SimSetup
 from controller.sim.workload import RequestTrace, rate_profile
 
 BASELINES = ("seed-stack", "hpa", "keda", "skyserve", "all-on-demand", "oracle")
@@ -81,29 +84,29 @@ def _clamp(x: int, lo: int, hi: int) -> int:
 
 
 class TidegateController:
-    """The daemon's decision core on the simulated clock: same ``decide``, same policy, same
-    history threading; no overrides, never paused."""
+    """The daemon's ``Controller`` on the simulated clock and providers: same ``decide``, same
+    policy, same history threading, make-before-break and node sums; no overrides, never paused."""
 
     node_mode: Literal["direct", "autoscaler"] = "direct"
 
-    def __init__(self, policy: EffectivePolicy, interval_s: float = 5.0, only_kinds: Iterable[PoolKind] | None = None,
+    def __init__(self, policy: EffectivePolicy, interval_s: float = 5.0, only_tiers: Iterable[Tier] | None = None,
                  name: str = "tidegate") -> None:
         self.policy = policy
         self.interval_s = interval_s
         self.name = name
-        self.only_kinds = None if only_kinds is None else frozenset(only_kinds)
-        self.history = History()
-        self.reasons: Counter[str] = Counter()
+        self.only_tiers = None if only_tiers is None else frozenset(only_tiers)
         self.model: ModelSpec | None = None
         self.pools: dict[str, PoolSpec] = {}
+        self.reasons: Mapping[str, int] = {}
+        """Decisions per reason code (filled by the run's recorder)."""
 
     def initial(self, setup: SimSetup, need: int) -> dict[str, int]:
         model = setup.model
         pools = {n: setup.pools[n] for n in model.pools}
-        if self.only_kinds is not None:
-            keep = tuple(n for n in model.pools if pools[n].kind in self.only_kinds)
+        if self.only_tiers is not None:
+            keep = tuple(n for n in model.pools if pools[n].tier in self.only_tiers)
             if not keep:
-                raise ValueError(f"{self.name}: the fleet has no pool of kind {sorted(k.value for k in self.only_kinds)}")
+                raise ValueError(f"{self.name}: the fleet has no pool of tier {sorted(k.value for k in self.only_tiers)}")
             model = ModelSpec(name=model.name, tp_degree=model.tp_degree, quantization=model.quantization,
                               gpu_types=model.gpu_types, cold_start_s=model.cold_start_s, capacity=model.capacity,
                               pools=keep)
@@ -116,20 +119,13 @@ class TidegateController:
         res = place(model=model, pools=pools, states=states, total=total, placement=self.policy.spec.placement)
         return dict(res.replicas)
 
-    def decide(self, now_s: float, obs: Observation) -> Mapping[str, int] | None:
+    def controller(self, sim: Simulation) -> Controller:
         assert self.model is not None
-        sig = obs.signals
-        if self.only_kinds is not None:
-            from dataclasses import replace
-            sig = replace(sig, pools={n: s for n, s in sig.pools.items() if n in self.pools})
-        d = decide(model=self.model, pools=self.pools, signals=sig, policy=self.policy, history=self.history,
-                   overrides=(), now=obs.at)
-        self.history = d.history
-        self.reasons[d.reason] += 1
-        return dict(d.placement) if d.actuate else None
+        self.reasons = sim.recorder.reasons
+        return sim.controller_for(self.model, self.pools, decide, self.policy)
 
     def report(self) -> dict[str, object]:
-        return {"decision_reasons": dict(self.reasons.most_common())}
+        return {"decision_reasons": dict(sorted(self.reasons.items(), key=lambda kv: -kv[1]))}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,11 +221,11 @@ class SpotFirst:
     capacity, then on-demand; pods stuck Pending in a pool that cannot launch are re-created in the
     next option; scale-in removes the newest capacity first (on-demand, spot, on-prem)."""
 
-    def __init__(self, model: ModelSpec, pools: Sequence[PoolSpec], allow: Iterable[PoolKind] | None = None) -> None:
-        kinds = None if allow is None else frozenset(allow)
+    def __init__(self, model: ModelSpec, pools: Sequence[PoolSpec], allow: Iterable[Tier] | None = None) -> None:
+        tiers = None if allow is None else frozenset(allow)
         self.model = model
-        self.pools = [p for p in pools if p.replicas_per_node(model) > 0 and (kinds is None or p.kind in kinds)]
-        self.order = sorted(self.pools, key=lambda p: (p.kind.tier, replica_price(p, model), p.priority, p.name))
+        self.pools = [p for p in pools if p.replicas_per_node(model) > 0 and (tiers is None or p.tier in tiers)]
+        self.order = sorted(self.pools, key=lambda p: (p.tier.rank, replica_price(p, model), p.priority, p.name))
 
     def place(self, total: int, current: Mapping[str, int], pending: Mapping[str, int],
               states: Mapping[str, PoolState]) -> dict[str, int]:
@@ -268,7 +264,7 @@ def _fresh(obs: Observation, name: str, max_age_s: float = 120.0) -> float | Non
     return sample.fresh(obs.at, max_age_s)
 
 
-class HpaController:
+class HpaController(Baseline):
     """``hpa``: one Deployment across all pools under HPA on GPU utilization."""
 
     node_mode: Literal["direct", "autoscaler"] = "autoscaler"
@@ -337,7 +333,7 @@ class KedaScaledObject:
         return target
 
 
-class KedaController:
+class KedaController(Baseline):
     """``keda``: one Deployment across all pools under a KEDA ScaledObject on the queue depth."""
 
     node_mode: Literal["direct", "autoscaler"] = "autoscaler"
@@ -362,7 +358,7 @@ class KedaController:
         return self.placer.place(total, obs.desired_by_pool, obs.pending_by_pool, obs.signals.pools)
 
 
-class SeedStackController:
+class SeedStackController(Baseline):
     """``seed-stack``: on-prem Deployment under HPA (GPU util 70 %, 2..10) + spot burst Deployment
     under KEDA (queue length 50 per replica, 0..30). Both share the traffic (one Service)."""
 
@@ -380,10 +376,10 @@ class SeedStackController:
         self.burst: SpotFirst | None = None
 
     def initial(self, setup: SimSetup, need: int) -> dict[str, int]:
-        self.onprem = [p.name for p in setup.model_pools() if p.kind.is_onprem]
+        self.onprem = [p.name for p in setup.model_pools() if p.tier.is_onprem]
         if not self.onprem:
             raise ValueError("seed-stack needs an on-prem pool")
-        spot = [p for p in setup.model_pools() if p.kind.is_spot]
+        spot = [p for p in setup.model_pools() if p.tier.is_spot]
         self.burst = SpotFirst(setup.model, spot)
         out = {p.name: 0 for p in setup.model_pools()}
         out[self.onprem[0]] = _clamp(need, self.hpa.min_replicas, self.hpa.max_replicas)
@@ -422,7 +418,7 @@ class SeedStackController:
 # ---------------------------------------------------------------------------------------------
 
 
-class SkyServeController:
+class SkyServeController(Baseline):
     """``skyserve``: ``FallbackRequestRateAutoscaler`` with ``dynamic_ondemand_fallback``."""
 
     node_mode: Literal["direct", "autoscaler"] = "direct"
@@ -451,9 +447,9 @@ class SkyServeController:
     def initial(self, setup: SimSetup, need: int) -> dict[str, int]:
         self.model = setup.model
         pools = setup.model_pools()
-        self.onprem = [p for p in pools if p.kind.is_onprem and p.replicas_per_node(setup.model) > 0]
-        self.spot = SpotFirst(setup.model, pools, allow=(PoolKind.AWS_SPOT, PoolKind.GCP_SPOT))
-        self.ondemand = SpotFirst(setup.model, pools, allow=(PoolKind.AWS_ONDEMAND, PoolKind.GCP_ONDEMAND))
+        self.onprem = [p for p in pools if p.tier.is_onprem and p.replicas_per_node(setup.model) > 0]
+        self.spot = SpotFirst(setup.model, pools, allow=(Tier.SPOT,))
+        self.ondemand = SpotFirst(setup.model, pools, allow=(Tier.ONDEMAND,))
         self.target = _clamp(need, self.min, self.max)
         return self._split(self.target, {}, {}, {}, ready_spot=None)
 
@@ -536,7 +532,7 @@ def _backward_min(x: np.ndarray, width: int) -> np.ndarray:
     return big - _forward_max((big - x)[::-1], width)[::-1]
 
 
-class OracleController:
+class OracleController(Baseline):
     """``oracle``: future-aware, cheapest-capacity-first, just in time (see the module doc).
 
     Demand at ``t`` is the larger of (a) the next minute's arrival rate, to be served at the
@@ -600,7 +596,7 @@ class OracleController:
         sustained = arrivals(per) / (per * fine)                  # requests/s over the next minute
         model = setup.model
         pools = setup.model_pools()
-        ref = next((p.gpu_type for p in pools if p.kind.is_onprem), pools[0].gpu_type)
+        ref = next((p.gpu_type for p in pools if p.tier.is_onprem), pools[0].gpu_type)
         r_slo_ref = setup.rate_at_slo(ref)
         r_max_ref = setup.fluid_model(ref).max_rate_per_s
         burst = np.zeros(nf)
@@ -625,14 +621,14 @@ class OracleController:
             sm = setup.spot.get(p.name)
             if sm is not None and (sm.trace is not None or sm.unavailable_windows):
                 cap = np.minimum(cap, self._cap_fast(sm, t, p.max_nodes) * per_node)
-            lead = (0.0 if p.kind.is_onprem else p.provisioning_delay_s) + model.cold_start_s + g
+            lead = (0.0 if p.tier.is_onprem else p.provisioning_delay_s) + model.cold_start_s + g
             if sm is not None and (sm.trace is not None or sm.unavailable_windows):
                 # a replica serving at t was ordered at t - lead and must survive until t: only
                 # capacity the cloud holds over that whole span counts (a launch into an empty
                 # market fails, and a node the trace takes back in between is lost)
                 cap = _backward_min(cap, int(math.ceil(lead / g)))
             cost_per_req = replica_price(p, model) / r
-            rows.append((cost_per_req, p.kind.tier, p.name, r, cap, lead))
+            rows.append((cost_per_req, p.tier.rank, p.name, r, cap, lead))
         rows.sort(key=lambda x: (x[0], x[1], x[2]))
         remaining = demand.copy()
         plan: dict[str, np.ndarray] = {}
@@ -716,7 +712,7 @@ def read_schedule(path: str | Path, pools: Iterable[str]) -> RecordedSchedule:
     return RecordedSchedule(arr[:, 0], None, {h: arr[:, i + 1].astype(np.int64) for i, h in enumerate(header[1:])})
 
 
-class ScheduleController:
+class ScheduleController(Baseline):
     """``schedule:FILE``: a recorded replica schedule on the same fleet, placement and service."""
 
     node_mode: Literal["direct", "autoscaler"] = "direct"
@@ -770,7 +766,7 @@ class BaselineSettings:
 
 
 def make_controller(name: str, setup: SimSetup, policy: EffectivePolicy | None,
-                    settings: BaselineSettings) -> Controller:
+                    settings: BaselineSettings) -> Autoscaler:
     """A fresh controller for one run (controllers hold state)."""
     if name == "tidegate":
         if policy is None:
@@ -780,7 +776,7 @@ def make_controller(name: str, setup: SimSetup, policy: EffectivePolicy | None,
         if policy is None:
             raise ValueError("all-on-demand needs a policy file")
         return TidegateController(policy, settings.tidegate_interval_s,
-                                  only_kinds=(PoolKind.AWS_ONDEMAND, PoolKind.GCP_ONDEMAND), name="all-on-demand")
+                                  only_tiers=(Tier.ONDEMAND,), name="all-on-demand")
     lo, hi = settings.min_replicas, settings.max_replicas
     if name == "hpa":
         return HpaController(lo, hi, settings.hpa_target_util_pct)
@@ -792,7 +788,7 @@ def make_controller(name: str, setup: SimSetup, policy: EffectivePolicy | None,
     if name == "skyserve":
         qps = settings.skyserve_target_qps
         if qps is None:
-            ref = next((p for p in setup.model_pools() if p.kind.is_onprem), setup.model_pools()[0])
+            ref = next((p for p in setup.model_pools() if p.tier.is_onprem), setup.model_pools()[0])
             cap = setup.model.capacity.get(ref.gpu_type)
             qps = cap.requests_per_s if cap is not None else setup.rate_at_slo(ref.gpu_type)
         return SkyServeController(lo, hi, qps)

@@ -12,8 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-_POOL_COLORS = {"onprem": "#4c72b0", "aws-spot": "#55a868", "gcp-spot": "#8fd175", "aws-ondemand": "#c44e52",
-                "gcp-ondemand": "#e17c7f"}
+_POOL_COLORS = {"onprem": "#4c72b0", "spot": "#55a868", "ondemand": "#c44e52"}
 
 
 def timeline_png(timeline: Mapping[str, Any], path: str | Path, title: str) -> Path:
@@ -44,7 +43,7 @@ def timeline_png(timeline: Mapping[str, Any], path: str | Path, title: str) -> P
             continue
         stacks.append(np.asarray(timeline[key], dtype=float))
         labels.append(name)
-        kind = meta.get("kind", "")
+        kind = meta.get("tier", "")
         base = _POOL_COLORS.get(kind, "#999999")
         n = shades.get(kind, 0)
         shades[kind] = n + 1

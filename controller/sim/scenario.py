@@ -23,7 +23,7 @@ from controller.core.policy import EffectivePolicy
 from controller.errors import ScenarioError  # re-exported: raised here
 from controller.sim.engine import DEFAULT_EPOCH, EngineOptions, SimSetup, SloTargets
 from controller.sim.service import ReplicaProfile, default_profile_path, load_profile
-from controller.sim.spot import SpotModel, SpotTrace, load_spot_trace
+from controller.sim.spot import DEFAULT_NOTICE_S, SpotModel, SpotTrace, load_spot_trace
 from controller.sim.workload import (
     RateSeries,
     RequestTrace,
@@ -33,6 +33,7 @@ from controller.sim.workload import (
     read_azure_trace,
     read_rate_series,
 )
+from providers.registry import ProviderRegistry, installed
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
@@ -110,9 +111,12 @@ def load_workload(path: str | Path, fmt: str, token_trace: str | Path | None = N
 
 
 def parse_spot_args(specs: Iterable[str], windows: Iterable[str], pools: dict[str, PoolSpec], model: ModelSpec,
-                    seed: int, default_rate: float = 0.0) -> dict[str, SpotModel]:
+                    seed: int, default_rate: float = 0.0,
+                    providers: ProviderRegistry | None = None) -> dict[str, SpotModel]:
     """``POOL=PATH[@offset_s]`` or ``POOL=rate:X`` (interruptions per node-hour); windows
-    ``POOL=START:END`` (seconds). Spot pools without a spec get ``default_rate``."""
+    ``POOL=START:END`` (seconds). Spot pools without a spec get ``default_rate``. Each pool's
+    interruption notice is its provider's (``providers``: the installed ones by default)."""
+    providers = providers or installed()
     traces: dict[str, tuple[SpotTrace | None, float]] = {}
     for s in specs:
         if "=" not in s:
@@ -148,10 +152,12 @@ def parse_spot_args(specs: Iterable[str], windows: Iterable[str], pools: dict[st
     out: dict[str, SpotModel] = {}
     for name in model.pools:
         spec = pools[name]
-        if not spec.kind.is_spot and name not in wins:
+        if not spec.tier.is_spot and name not in wins:
             continue
-        tr_rate: tuple[SpotTrace | None, float] = traces.get(name, (None, default_rate if spec.kind.is_spot else 0.0))
-        out[name] = SpotModel(cloud=spec.kind.cloud or "aws", trace=tr_rate[0], scale_nodes=spec.max_nodes,
+        tr_rate: tuple[SpotTrace | None, float] = traces.get(name, (None, default_rate if spec.tier.is_spot else 0.0))
+        notice_s = providers.notice_s(spec.provider)
+        out[name] = SpotModel(notice_s=DEFAULT_NOTICE_S if notice_s is None else notice_s, trace=tr_rate[0],
+                              scale_nodes=spec.max_nodes,
                               interruptions_per_node_hour=tr_rate[1], unavailable_windows=tuple(wins.get(name, ())),
                               seed=seed, pool=name)
     return out
@@ -179,7 +185,7 @@ def reference_gpu(model: ModelSpec, pools: dict[str, PoolSpec]) -> str:
     """The GPU type of the first on-prem pool (else of the model's first pool): what "N replicas"
     means when scaling load to a peak."""
     for n in model.pools:
-        if pools[n].kind.is_onprem:
+        if pools[n].tier.is_onprem:
             return pools[n].gpu_type
     return pools[model.pools[0]].gpu_type
 

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-NOTICE_S = {"aws": 120.0, "gcp": 30.0}
-"""Interruption notice per cloud: AWS's two-minute spot interruption notice; GCP's 30 s preemption
-notice (ACPI soft-off to the guest)."""
+DEFAULT_NOTICE_S = 120.0
+"""Notice for a pool whose provider states none (e.g. an on-prem pool given capacity windows).
+Each provider states its own (``providers.registry``: aws 120 s, gcp 30 s)."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,8 @@ def load_spot_trace(path: str | Path) -> SpotTrace:
 class SpotModel:
     """Spot behaviour of one pool during one run."""
 
-    cloud: str
+    notice_s: float = DEFAULT_NOTICE_S
+    """Seconds between an interruption notice and the node's loss (the pool provider's)."""
     trace: SpotTrace | None = None
     scale_nodes: int = 1
     """Nodes that fraction 1.0 of the trace stands for."""
@@ -201,11 +202,9 @@ class SpotModel:
     """(start_s, end_s) intervals during which launches fail."""
     seed: int = 0
     pool: str = ""
-    notice_s: float = field(init=False)
     _rng: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.notice_s = NOTICE_S.get(self.cloud, 120.0)
         self._rng = np.random.default_rng([self.seed, zlib.crc32(self.pool.encode())])
 
     def capacity_nodes(self, t_s: float) -> int | None:

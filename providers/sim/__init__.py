@@ -5,7 +5,6 @@ AWS and GCP adapters implement the same protocols (``controller.protocols``). Bu
 once with ``build_simulated_providers(config, clock)``.
 """
 
-from providers.sim.fleet import NOTICE_S
 from providers.sim.load import LoadCurve, LoadShape
 from providers.sim.prices import SpotPriceWalk
 from providers.sim.world import (
@@ -14,7 +13,7 @@ from providers.sim.world import (
 )
 
 __all__ = [
-    "CALL_RESIZE_NODE_GROUP", "CALL_SCALE_DEPLOYMENT", "NOTICE_S", "PROVIDER", "LoadCurve", "LoadShape",
+    "CALL_RESIZE_NODE_GROUP", "CALL_SCALE_DEPLOYMENT", "PROVIDER", "LoadCurve", "LoadShape",
     "ModelTotals", "SimMetrics", "SimPoolProvider", "SimPrices", "SimProviders", "SimWorld",
     "SpotPriceWalk", "build_simulated_providers", "mmc_p99_s", "mmc_wait_s",
 ]

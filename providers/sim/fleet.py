@@ -33,11 +33,10 @@ import random
 from dataclasses import dataclass, field
 
 from controller.core.model import ModelSpec, PoolSpec
+from providers.registry import installed
 
 INF = math.inf
 
-NOTICE_S = {"aws": 120.0, "gcp": 30.0}
-"""Spot interruption notice per cloud: AWS sends a two-minute warning, GCP preemption 30 s."""
 
 
 @dataclass(slots=True, eq=False)
@@ -99,9 +98,8 @@ class PoolFleet:
         self.models = models
         """Models that have a Deployment in this pool, by name."""
         self._seed = seed
-        cloud = spec.kind.cloud
-        self.notice_s = NOTICE_S.get(cloud or "", 0.0)
-        self._interrupt_rate_per_s = interruptions_per_node_hour / 3600.0 if spec.kind.is_spot else 0.0
+        self.notice_s = installed().notice_s(spec.provider) or 0.0
+        self._interrupt_rate_per_s = interruptions_per_node_hour / 3600.0 if spec.tier.is_spot else 0.0
         self._next_node_serial = 0
         self._next_pod_serial = 0
         self.nodes: list[Node] = []
@@ -109,7 +107,7 @@ class PoolFleet:
         self.notices: list[float] = []
         """Times of every interruption notice received by this pool (for recent counts)."""
         self.shortages: list[Shortage] = []
-        self.has_node_group = not spec.kind.is_onprem
+        self.has_node_group = not spec.tier.is_onprem
         self.desired_nodes = spec.min_nodes if self.has_node_group else spec.max_nodes
         # The world as found: the starting nodes are up already.
         for _ in range(self.desired_nodes):

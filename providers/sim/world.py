@@ -20,7 +20,7 @@ Pool state: ``replicas`` is the Deployment's desired count, ``ready_replicas`` t
 cold start on ready nodes, ``nodes`` the node group's instances that exist (provisioning, ready or
 under an interruption notice: what is billed), ``interrupted_replicas`` the model's pods on noticed
 nodes, ``recent_interruptions`` the pool's notices in the last ``interruption_window_s``, and the
-price the live spot price (``None`` for other kinds: use the static price).
+price the live spot price (``None`` for other tiers: use the static price).
 
 Queueing model (per model, fluid, documented because policies are tuned against it):
 
@@ -176,7 +176,7 @@ class SimWorld:
                 interruptions_per_node_hour=self.settings.interruptions_per_node_hour)
         self._spot_prices = {
             pname: SpotPriceWalk(p.price_per_node_hour_usd, seed, pname)
-            for pname, p in self.pool_specs.items() if p.kind.is_spot}
+            for pname, p in self.pool_specs.items() if p.tier.is_spot}
 
         start_replicas = self._initial_replicas(initial_replicas)
         for mname, per_pool in start_replicas.items():
@@ -198,7 +198,7 @@ class SimWorld:
         self, given: Mapping[str, Mapping[str, int]] | None,
     ) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {
-            m.name: {p: (self.settings.initial_onprem_replicas if self.pool_specs[p].kind.is_onprem else 0)
+            m.name: {p: (self.settings.initial_onprem_replicas if self.pool_specs[p].tier.is_onprem else 0)
                      for p in m.pools}
             for m in self.model_specs.values()}
         for mname, per_pool in (given or {}).items():
@@ -359,7 +359,7 @@ class SimWorld:
             end = max(s.end_s for s in fleet.shortages if s.start_s <= t < s.end_s)
             available = False
             why = f"InsufficientCapacity: simulated capacity shortage until {self.epoch + timedelta(seconds=end):%Y-%m-%dT%H:%M:%SZ}"
-        elif fleet.spec.kind.is_spot and recent >= self.unavailable_after_interruptions:
+        elif fleet.spec.tier.is_spot and recent >= self.unavailable_after_interruptions:
             available = False
             why = f"RepeatedInterruptions: {recent} interruption notices in the last {self.interruption_window_s:g} s"
         return PoolState(
@@ -371,7 +371,7 @@ class SimWorld:
             unavailable_reason=why,
             interrupted_replicas=fleet.interrupted_pods(model.name, t),
             recent_interruptions=recent,
-            price_per_node_hour_usd=self._price(pool, t) if fleet.spec.kind.is_spot else None,
+            price_per_node_hour_usd=self._price(pool, t) if fleet.spec.tier.is_spot else None,
             at=now,
         )
 

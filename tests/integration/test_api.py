@@ -127,6 +127,10 @@ def test_pause_resume_and_status(served: tuple[Harness, httpx.Client]) -> None:
     assert st["paused"] is True
     pools = st["models"][MODEL]["pools"]
     assert set(pools) == {"onprem-h100", "aws-spot-p5", "gcp-spot-a3", "aws-od-p5"}
+    # each pool says its tier and who holds its nodes
+    assert {p: (v["tier"], v["provider"]) for p, v in pools.items()} == {
+        "onprem-h100": ("onprem", "onprem"), "aws-spot-p5": ("spot", "aws"), "gcp-spot-a3": ("spot", "gcp"),
+        "aws-od-p5": ("ondemand", "aws")}
     assert c.post("/v1/resume", headers=_h(ADMIN)).json() == {"paused": False}
     h.run(10)
     assert c.get("/v1/decisions", headers=_h(VIEWER), params={"limit": 1}).json()["items"][0]["actuate"]

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta, timezone
 import botocore.exceptions
 import pytest
 
-from controller.core.model import ActionStatus, PoolKind, PoolSpec
+from controller.core.model import ActionStatus, Tier, PoolSpec
 from controller.protocols import PermanentProviderError, TransientProviderError
 from providers.aws import (
     CALL_SET_DESIRED, CALL_TERMINATE, AwsInterruptionQueue, AwsNodeGroup, AwsSettings, AwsSpotPrices,
@@ -110,7 +110,7 @@ class AwsWorld:
             self.queue_url = aws.client("sqs", direct=True).create_queue(QueueName=f"itn-{tag}")["QueueUrl"]
             self.queue = AwsInterruptionQueue(sqs, self.queue_url, self.settings)
         self.node_group = AwsNodeGroup(self.group, self.autoscaling, interruptions=self.queue, settings=self.settings)
-        self.pool = PoolSpec(f"aws-spot-{tag}", PoolKind.AWS_SPOT, "A100-80GB", gpus_per_node=4, max_nodes=max_size,
+        self.pool = PoolSpec(f"aws-spot-{tag}", Tier.SPOT, "aws", "A100-80GB", gpus_per_node=4, max_nodes=max_size,
                              price_per_node_hour_usd=12.0, provisioning_delay_s=180)
         self.model = model_spec("llama", (self.pool.name,))
         self.api = kube.api_client()
@@ -215,7 +215,7 @@ def test_scale_out_orders_nodes_before_replicas_and_the_same_call_again_changes_
 
 def test_nodes_beyond_the_groups_max_are_clamped_and_said_so(aws: AwsPeer, kube: KubePeer) -> None:
     w = AwsWorld(aws, kube, max_size=3)
-    pool = PoolSpec(w.pool.name, PoolKind.AWS_SPOT, "A100-80GB", 4, max_nodes=8, price_per_node_hour_usd=12.0)
+    pool = PoolSpec(w.pool.name, Tier.SPOT, "aws", "A100-80GB", 4, max_nodes=8, price_per_node_hour_usd=12.0)
     w.kpool.pool = pool
     p = CloudPoolProvider(w.kpool, w.node_group)
     actions = p.scale(w.model, 10, 5, T0)
@@ -335,9 +335,9 @@ def test_spot_warnings_from_the_queue_mark_the_replicas_on_that_node_interrupted
 def test_spot_prices_are_cached_by_refresh_with_static_fallback(aws: AwsPeer, kube: KubePeer) -> None:
     aws.reset()
     s = AwsSettings(endpoint_url=aws.url, retry=FAST_RETRY, spot_price_max_age_s=600)
-    spot = PoolSpec("aws-spot", PoolKind.AWS_SPOT, "A10G", 4, 8, price_per_node_hour_usd=2.5)
-    od = PoolSpec("aws-od", PoolKind.AWS_ONDEMAND, "A10G", 4, 8, price_per_node_hour_usd=5.67)
-    nolive = PoolSpec("aws-spot-b", PoolKind.AWS_SPOT, "A10G", 4, 8, price_per_node_hour_usd=2.0)
+    spot = PoolSpec("aws-spot", Tier.SPOT, "aws", "A10G", 4, 8, price_per_node_hour_usd=2.5)
+    od = PoolSpec("aws-od", Tier.ONDEMAND, "aws", "A10G", 4, 8, price_per_node_hour_usd=5.67)
+    nolive = PoolSpec("aws-spot-b", Tier.SPOT, "aws", "A10G", 4, 8, price_per_node_hour_usd=2.0)
     prices = AwsSpotPrices({"aws-spot": SpotPriceTarget(AWS_REGION, "g5.12xlarge", ("us-east-1a", "us-east-1b"))},
                            lambda region: make_client("ec2", region, s), s)
     assert prices.prices([spot, od, nolive], T0) == {"aws-spot": 2.5, "aws-od": 5.67, "aws-spot-b": 2.0}

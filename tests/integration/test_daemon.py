@@ -216,7 +216,7 @@ def test_daemon_computes_cost_per_token_from_nodes_prices_and_tokens(make_harnes
     for name, st in sig["pools"].items():
         pool = h.daemon.pools[name]
         nodes = pool.nodes_for(model, st["replicas"])  # whole nodes for the model's replicas
-        if pool.kind.is_onprem:
+        if pool.tier.is_onprem:
             price = pool.gpus_per_node * (1.5 + 0.7 * 1.25 * 0.2)  # capital + assumed energy per node
             assert st["price_per_node_hour_usd"] == pytest.approx(price)  # the price the budget used
         else:

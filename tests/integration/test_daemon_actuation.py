@@ -637,7 +637,7 @@ def test_dry_run_over_the_real_adapters_makes_no_mutating_call(cluster_factory: 
     c: Cluster = cluster_factory()
     rt = c.runtime(dry_run=True)
     real = rt.extras["real"]
-    assert real.interruptions is None  # reading the queue would delete an acting daemon's messages
+    assert real.parts["aws"]["interruptions"] is None  # reading the queue would delete an acting daemon's messages
     c.catch_up()
     c.sqs.send_message(QueueUrl=c.queue_url, MessageBody=json.dumps(spot_interruption_event("i-0123456789abcdef0", at=T0)))
     km, am, gm = c.marks()
@@ -663,17 +663,16 @@ def test_dry_run_over_the_real_adapters_makes_no_mutating_call(cluster_factory: 
 
 def test_settings_defaults_are_the_adapters_defaults() -> None:
     s = RealSettings()
-    assert s.kubernetes.to_settings() == KubernetesSettings()
-    assert s.aws.to_settings() == AwsSettings()
-    assert s.gcp.to_settings() == GcpSettings()
-    assert s.cloud.build() == CloudPoolSettings()
+    # One class per provider: the section an operator writes is what the adapter takes.
+    assert (type(s.kubernetes), type(s.aws), type(s.gcp), type(s.cloud)) == (
+        KubernetesSettings, AwsSettings, GcpSettings, CloudPoolSettings)
     election = LeaderElectionSettings()
     assert election.resolved_backend("postgresql+psycopg://u@h/db") == "database"
     assert election.resolved_backend("sqlite:///x.db") == "none"
     assert s.kubernetes.use_in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
     assert not s.kubernetes.use_in_cluster({})
     extra = RealSettings.model_validate({"kubernetes": {"extra_interruption_taints": {"example.com/going": "interruption"}}})
-    taints = extra.kubernetes.to_settings().interruption_taints
+    taints = extra.kubernetes.interruption_taints
     assert "example.com/going" in taints and GKE_TERMINATION_TAINT in taints
 
 
@@ -695,7 +694,7 @@ MINI_CONFIG: dict[str, Any] = {
 
 @pytest.mark.parametrize("settings, needles", [
     ({"gcp": {"spot_prices_usd": {"mars": 1.0}}}, ["'mars'", "not among the pools"]),
-    ({"gcp": {"spot_prices_usd": {"aws-spot": 1.0}}}, ["'aws-spot'", "aws-spot, not a gcp pool"]),
+    ({"gcp": {"spot_prices_usd": {"aws-spot": 1.0}}}, ["'aws-spot'", "provider is aws, not gcp"]),
     ({"triton": {"replicas": {"llama": {"moon": ["h:8000"]}}}}, ["'moon'", "has no deployment"]),
     ({"triton": {"port": 8000}}, ["replicas", "discover"]),
     ({"aws": {"spot_price_refresh_s": 7200}}, ["spot_price_refresh_s (7200)", "spot_price_max_age_s (3600)"]),
@@ -728,11 +727,11 @@ def test_runtime_schedules_the_spot_price_job_and_needs_prometheus(cluster_facto
     assert rt.daemon.price_source.prices(pools, c.clock.now())["aws-spot"] == 4.0  # static until refreshed
     rt.daemon.start(wall_interval_s=3600, policy_reload_s=3600)
     deadline = time.monotonic() + 20
-    while real.spot_prices.live("aws-spot", c.clock.now()) is None:  # the job's first run is at start
-        assert time.monotonic() < deadline, real.spot_prices.errors
+    while real.parts["aws"]["spot_prices"].live("aws-spot", c.clock.now()) is None:  # the job's first run is at start
+        assert time.monotonic() < deadline, real.parts["aws"]["spot_prices"].errors
         time.sleep(0.05)
     live = rt.daemon.price_source.prices(pools, c.clock.now())
-    assert live["aws-spot"] == real.spot_prices.live("aws-spot", c.clock.now()) and live["onprem"] == 9.0
+    assert live["aws-spot"] == real.parts["aws"]["spot_prices"].live("aws-spot", c.clock.now()) and live["onprem"] == 9.0
 
 
 def test_triton_endpoints_come_from_the_config_and_the_pods_of_each_pool(cluster_factory: Any) -> None:

@@ -293,7 +293,7 @@ def test_example_references_the_bundle_and_agrees_with_it(renders: dict[str, lis
         d.pop("label_selector")
     assert got == expected
     # A pool of every kind the issue names: on-prem, AWS spot, GCP spot, on-demand.
-    assert {p.kind.value for p in cfg.pools} >= {"onprem", "aws-spot", "gcp-spot", "aws-ondemand"}
+    assert {(p.tier.value, p.provider) for p in cfg.pools} >= {("onprem", "onprem"), ("spot", "aws"), ("spot", "gcp"), ("ondemand", "aws")}
     assert cfg.providers.type == "real"
 
 

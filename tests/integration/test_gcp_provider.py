@@ -12,7 +12,7 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.auth.credentials import AnonymousCredentials
 
-from controller.core.model import ActionStatus, PoolKind, PoolSpec
+from controller.core.model import ActionStatus, Tier, PoolSpec
 from controller.protocols import PermanentProviderError, TransientProviderError
 from providers.base import NoticeKind
 from providers.cloudpool import CloudPoolProvider, CloudPoolSettings
@@ -55,7 +55,7 @@ class GcpWorld:
         else:
             self.mig = gcp.add_mig(PROJECT, self.name, zone=ZONE, size=size)
             self.group = GcpNodeGroup(PROJECT, self.name, clients["zonal"], zone=ZONE, settings=self.settings)
-        self.pool = PoolSpec(f"gcp-spot-{tag}", PoolKind.GCP_SPOT, "A100-80GB", gpus_per_node=4, max_nodes=6,
+        self.pool = PoolSpec(f"gcp-spot-{tag}", Tier.SPOT, "gcp", "A100-80GB", gpus_per_node=4, max_nodes=6,
                              price_per_node_hour_usd=11.0, provisioning_delay_s=120)
         self.model = model_spec("llama", (self.pool.name,))
         self.api = kube.api_client()
@@ -214,6 +214,6 @@ def test_dry_run_sends_no_request_to_either_peer(gcp: GcpComputeServer, kube: Ku
 
 
 def test_spot_list_prices_come_from_the_config() -> None:
-    spot = PoolSpec("gcp-spot", PoolKind.GCP_SPOT, "A100-80GB", 4, 8, price_per_node_hour_usd=11.0)
-    od = PoolSpec("gcp-od", PoolKind.GCP_ONDEMAND, "A100-80GB", 4, 8, price_per_node_hour_usd=20.0)
+    spot = PoolSpec("gcp-spot", Tier.SPOT, "gcp", "A100-80GB", 4, 8, price_per_node_hour_usd=11.0)
+    od = PoolSpec("gcp-od", Tier.ONDEMAND, "gcp", "A100-80GB", 4, 8, price_per_node_hour_usd=20.0)
     assert GcpSpotPrices({"gcp-spot": 4.4}).prices([spot, od], T0) == {"gcp-spot": 4.4, "gcp-od": 20.0}

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from kubernetes import client as k8s
 
-from controller.core.model import ActionStatus, ModelSpec, PoolKind, PoolSpec, ReplicaCapacity
+from controller.core.model import ActionStatus, ModelSpec, Tier, PoolSpec, ReplicaCapacity
 from controller.protocols import PermanentProviderError, TransientProviderError
 from providers.base import RetryPolicy, actions_of
 from providers.kubernetes import (
@@ -45,7 +45,7 @@ class World:
         self.ctl = KubeControllers(self.api)
         self.core = k8s.CoreV1Api(self.api)
         self.apps = k8s.AppsV1Api(self.api)
-        self.pool = PoolSpec(f"onprem-{tag}", PoolKind.ONPREM, "A100-80GB", gpus_per_node=8, max_nodes=4,
+        self.pool = PoolSpec(f"onprem-{tag}", Tier.ONPREM, "onprem", "A100-80GB", gpus_per_node=8, max_nodes=4,
                              price_per_node_hour_usd=9.0)
         self.model = model_spec("llama", (self.pool.name,))
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
-from controller.core.model import Action, ActionStatus, ModelSpec, PoolKind, PoolSpec, PoolState
+from controller.core.model import Action, ActionStatus, ModelSpec, Tier, PoolSpec, PoolState
 from controller.core.placement import place
 from controller.core.spec import Placement
 from controller.protocols import PermanentProviderError, PoolProvider, TransientProviderError
@@ -286,10 +286,10 @@ class Fleet:
         self.api = self.kube.api_client()
         self.ctl = KubeControllers(self.api)
         self.specs = {
-            "onprem": PoolSpec("onprem", PoolKind.ONPREM, "A100-80GB", 8, 1, 9.0),
-            "aws-spot": PoolSpec("aws-spot", PoolKind.AWS_SPOT, "A100-80GB", 4, 2, 4.0, provisioning_delay_s=180),
-            "gcp-spot": PoolSpec("gcp-spot", PoolKind.GCP_SPOT, "A100-80GB", 4, 2, 5.0, provisioning_delay_s=120),
-            "aws-od": PoolSpec("aws-od", PoolKind.AWS_ONDEMAND, "A100-80GB", 4, 2, 12.0, provisioning_delay_s=180),
+            "onprem": PoolSpec("onprem", Tier.ONPREM, "onprem", "A100-80GB", 8, 1, 9.0),
+            "aws-spot": PoolSpec("aws-spot", Tier.SPOT, "aws", "A100-80GB", 4, 2, 4.0, provisioning_delay_s=180),
+            "gcp-spot": PoolSpec("gcp-spot", Tier.SPOT, "gcp", "A100-80GB", 4, 2, 5.0, provisioning_delay_s=120),
+            "aws-od": PoolSpec("aws-od", Tier.ONDEMAND, "aws", "A100-80GB", 4, 2, 12.0, provisioning_delay_s=180),
         }
         self.model = model_spec("llama", tuple(self.specs))
         self.labels = {p: {"tidegate.io/pool": f"{p}-{tag}"} for p in self.specs}
@@ -437,7 +437,8 @@ def test_dry_run_fleet_makes_zero_provider_calls(aws: AwsPeer, gcp: GcpComputeSe
 
 def test_real_pools_are_wired_from_the_daemon_config(aws: AwsPeer, gcp: GcpComputeServer, kube: KubePeer) -> None:
     from controller.config import DaemonConfig
-    from providers.cloudpool import build_real_pools
+    from providers.real import RealSettings
+    from providers.wiring import build_real_pools
 
     aws.reset()
     gcp.reset()
@@ -467,15 +468,17 @@ def test_real_pools_are_wired_from_the_daemon_config(aws: AwsPeer, gcp: GcpCompu
     for p in labels:
         ctl.add_deployment(ns, f"llama-{p}", {"app": "llama", "pool": p}, 1 if p == "onprem" else 0, gpus=2,
                            node_selector=labels[p])
-    real = build_real_pools(
-        cfg, kube_api=kube.api_client(), kubernetes=KubernetesSettings(retry=FAST_RETRY),
+    settings = RealSettings(
+        kubernetes=KubernetesSettings(retry=FAST_RETRY),
         aws=AwsSettings(endpoint_url=aws.url, retry=FAST_RETRY, interruption_queue_url=queue_url),
-        gcp=GcpSettings(api_endpoint=gcp.url, retry=FAST_RETRY), gcp_spot_prices_usd={"gcp-spot": 3.3},
-        gcp_credentials=AnonymousCredentials())
+        gcp=GcpSettings(api_endpoint=gcp.url, retry=FAST_RETRY, spot_prices_usd={"gcp-spot": 3.3}))
+    real = build_real_pools(cfg, kube_api=kube.api_client(), settings=settings,
+                            clients={"gcp": AnonymousCredentials()})
     model = cfg.model_specs()["llama"]
     assert isinstance(real.pools["onprem"], KubernetesPoolProvider)
     assert isinstance(real.pools["aws-spot"], CloudPoolProvider) and isinstance(real.pools["gcp-spot"], CloudPoolProvider)
-    assert real.interruptions is not None and real.interruptions.queue_url == queue_url
+    queue = real.parts["aws"]["interruptions"]
+    assert queue is not None and queue.queue_url == queue_url
     states = {p: prov.state(model, T0) for p, prov in real.pools.items()}
     assert {p: (s.replicas, s.available) for p, s in states.items()} == {
         "onprem": (1, True), "aws-spot": (0, True), "gcp-spot": (0, True)}
@@ -486,6 +489,7 @@ def test_real_pools_are_wired_from_the_daemon_config(aws: AwsPeer, gcp: GcpCompu
 
     specs = list(cfg.pool_specs().values())
     assert real.prices.prices(specs, T0) == {"onprem": 9.0, "aws-spot": 4.0, "gcp-spot": 3.3}
-    assert real.spot_prices is not None and set(real.spot_prices.refresh(T0)) == {"aws-spot"}
+    spot_prices = real.parts["aws"]["spot_prices"]
+    assert spot_prices is not None and set(spot_prices.refresh(T0)) == {"aws-spot"}
     live = real.prices.prices(specs, T0)
     assert live["aws-spot"] != 4.0 and (live["onprem"], live["gcp-spot"]) == (9.0, 3.3)

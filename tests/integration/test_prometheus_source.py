@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from controller.core.model import ModelSignals, ModelSpec, PoolKind, PoolSpec, ReplicaCapacity
+from controller.core.model import ModelSignals, ModelSpec, Tier, PoolSpec, ReplicaCapacity
 from controller.core.pricing import OnPremCost, onprem_node_price
 from tests.integration.exporters import (
     Histogram,
@@ -114,7 +114,7 @@ def test_every_signal_per_model_and_pool_from_real_exporter_text(metrics_lab: Me
     assert obs.pools[(m, "aws-spot")]["gpu_power_kw"].value == pytest.approx(LAB_GPU_POWER_W["aws-spot"] / 1000, rel=0.05)
     # the cost of the on-prem pool includes the energy DCGM reports for its pod's GPUs
     site = OnPremCost(capital_usd_per_gpu_hour=1.0, energy_usd_per_kwh=0.5)
-    onprem_pool = PoolSpec("onprem", PoolKind.ONPREM, "A100", gpus_per_node=8, max_nodes=2, price_per_node_hour_usd=9.0)
+    onprem_pool = PoolSpec("onprem", Tier.ONPREM, "onprem", "A100", gpus_per_node=8, max_nodes=2, price_per_node_hour_usd=9.0)
     power = obs.by_pool(m, "gpu_power_kw")
     price, note = onprem_node_price(onprem_pool, site, nodes=1, power_kw=power["onprem"].value)
     assert note is None and price == pytest.approx(8 * 1.0 + 2 * LAB_GPU_POWER_W["onprem"] / 1000 * 0.5, rel=0.01)

@@ -30,12 +30,12 @@ from controller.core.model import (
     ModelSpec,
     Override,
     OverrideKind,
-    PoolKind,
     PoolSpec,
     PoolState,
     Recommendation,
     ReplicaCapacity,
     Sample,
+    Tier,
 )
 from controller.core.policy import EffectivePolicy
 from controller.core.reasons import Reason
@@ -108,20 +108,25 @@ class Scenario:
         return out
 
 
+_ONPREM, _AWS_SPOT, _GCP_SPOT = (Tier.ONPREM, "onprem"), (Tier.SPOT, "aws"), (Tier.SPOT, "gcp")
+_AWS_OD, _GCP_OD = (Tier.ONDEMAND, "aws"), (Tier.ONDEMAND, "gcp")
+
+
 def _pools(r: random.Random, tp: int, gpus: tuple[str, ...]) -> dict[str, PoolSpec]:
-    kinds = ([PoolKind.ONPREM] * r.choice((0, 1, 1, 2))
-             + [r.choice((PoolKind.AWS_SPOT, PoolKind.GCP_SPOT)) for _ in range(r.randint(0, 3))]
-             + [r.choice((PoolKind.AWS_ONDEMAND, PoolKind.GCP_ONDEMAND)) for _ in range(r.randint(0, 2))])
+    kinds = ([_ONPREM] * r.choice((0, 1, 1, 2))
+             + [r.choice((_AWS_SPOT, _GCP_SPOT)) for _ in range(r.randint(0, 3))]
+             + [r.choice((_AWS_OD, _GCP_OD)) for _ in range(r.randint(0, 2))])
     if not kinds:
-        kinds = [PoolKind.AWS_SPOT]
+        kinds = [_AWS_SPOT]
     out: dict[str, PoolSpec] = {}
-    for i, kind in enumerate(kinds):
+    for i, (tier, provider) in enumerate(kinds):
         odd = r.random() < 0.1  # now and then a pool that cannot host the model
         gpu = r.choice(GPUS if odd else gpus)
         per_node = r.choice((1, 2, 4, 8) if odd else tuple(g for g in (1, 2, 4, 8) if g >= tp))
-        name = f"p{i}-{kind.value}"
-        out[name] = PoolSpec(name, kind, gpu, per_node, r.randint(0, 6),
-                             r.randint(0 if kind is PoolKind.ONPREM else 1, 60) / 2, priority=r.randint(0, 1))
+        # the names the golden file was written with (the older kind: onprem, aws-spot...)
+        name = f"p{i}-{tier.value if tier is Tier.ONPREM else f'{provider}-{tier.value}'}"
+        out[name] = PoolSpec(name, tier, provider, gpu, per_node, r.randint(0, 6),
+                             r.randint(0 if tier is Tier.ONPREM else 1, 60) / 2, priority=r.randint(0, 1))
     return out
 
 
@@ -214,7 +219,7 @@ _SCALES = {"queue_depth": 60.0, "p99_latency_ms": 8000.0, "gpu_utilization_pct":
 
 
 def _state(r: random.Random, spec: PoolSpec, replicas: int | None, now: datetime) -> PoolState:
-    spot = spec.kind.is_spot
+    spot = spec.tier.is_spot
     if replicas is not None and r.random() < 0.3:
         replicas = max(0, replicas + r.randint(-2, 2))  # the cluster moved under us
     if r.random() < 0.03:

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from controller.core.model import ModelSpec, PoolKind, PoolSpec, ReplicaCapacity
+from controller.core.model import ModelSpec, Tier, PoolSpec, ReplicaCapacity
 from controller.core.policy import EffectivePolicy
 from controller.core.spec import SLO, Bounds, Budget, PolicySpec, RuleSpec
 from controller.sim.engine import EngineOptions, SimSetup, SloTargets
@@ -37,10 +37,10 @@ def rate_at_slo() -> float:
 
 def pools(onprem_nodes: int = 1) -> dict[str, PoolSpec]:
     return {
-        "onprem": PoolSpec("onprem", PoolKind.ONPREM, "H100", 8, onprem_nodes, 16.0),
-        "aws-spot": PoolSpec("aws-spot", PoolKind.AWS_SPOT, "H100", 8, 2, 25.0, provisioning_delay_s=120),
-        "gcp-spot": PoolSpec("gcp-spot", PoolKind.GCP_SPOT, "H100", 2, 4, 7.5, provisioning_delay_s=90),
-        "aws-od": PoolSpec("aws-od", PoolKind.AWS_ONDEMAND, "H100", 8, 2, 98.0, provisioning_delay_s=120),
+        "onprem": PoolSpec("onprem", Tier.ONPREM, "onprem", "H100", 8, onprem_nodes, 16.0),
+        "aws-spot": PoolSpec("aws-spot", Tier.SPOT, "aws", "H100", 8, 2, 25.0, provisioning_delay_s=120),
+        "gcp-spot": PoolSpec("gcp-spot", Tier.SPOT, "gcp", "H100", 2, 4, 7.5, provisioning_delay_s=90),
+        "aws-od": PoolSpec("aws-od", Tier.ONDEMAND, "aws", "H100", 8, 2, 98.0, provisioning_delay_s=120),
     }
 
 

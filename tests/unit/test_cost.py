@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.core.model import History, ModelSignals, ModelSpec, PoolKind, PoolSpec, PoolState, ReplicaCapacity, Sample
+from controller.core.model import History, ModelSignals, ModelSpec, PoolSpec, PoolState, ReplicaCapacity, Sample, Tier
 from controller.core.pipeline import decide
 from controller.core.pricing import (
     OnPremCost,
@@ -25,9 +25,9 @@ from controller.core.reasons import Reason
 from tests.unit.test_pipeline import decide_cases, fixed, policy
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
-ONPREM = PoolSpec("dc", PoolKind.ONPREM, "A100", gpus_per_node=8, max_nodes=4, price_per_node_hour_usd=12.0)
-SPOT = PoolSpec("spot", PoolKind.AWS_SPOT, "A100", gpus_per_node=8, max_nodes=10, price_per_node_hour_usd=30.0)
-ONDEMAND = PoolSpec("od", PoolKind.GCP_ONDEMAND, "A100", gpus_per_node=8, max_nodes=10, price_per_node_hour_usd=40.0)
+ONPREM = PoolSpec("dc", Tier.ONPREM, "onprem", "A100", gpus_per_node=8, max_nodes=4, price_per_node_hour_usd=12.0)
+SPOT = PoolSpec("spot", Tier.SPOT, "aws", "A100", gpus_per_node=8, max_nodes=10, price_per_node_hour_usd=30.0)
+ONDEMAND = PoolSpec("od", Tier.ONDEMAND, "gcp", "A100", gpus_per_node=8, max_nodes=10, price_per_node_hour_usd=40.0)
 POOLS = {p.name: p for p in (ONPREM, SPOT, ONDEMAND)}
 SITE = OnPremCost(capital_usd_per_gpu_hour=1.25, energy_usd_per_kwh=0.2, pue=1.5)
 # TP 2 on 8-GPU nodes: 4 replicas per node
@@ -131,7 +131,7 @@ def test_budget_cost_per_token_cap_prices_onprem_as_displayed() -> None:
     """With ``onprem_cost`` set, the budget's cost-per-token cap used to price on-prem nodes at their
     static $2/h while the display priced them at capital + energy ($14/h): the decision scaled out
     to 8 replicas "within budget" while ``/v1/status`` showed $1.94/M tokens against a $1.20/M cap."""
-    dc = PoolSpec("dc", PoolKind.ONPREM, "A100", gpus_per_node=1, max_nodes=10, price_per_node_hour_usd=2.0)
+    dc = PoolSpec("dc", Tier.ONPREM, "onprem", "A100", gpus_per_node=1, max_nodes=10, price_per_node_hour_usd=2.0)
     model = ModelSpec("m", 1, "fp8", ("A100",), 60, {"A100": ReplicaCapacity(1000, 2)}, ("dc",))
     site = OnPremCost(capital_usd_per_gpu_hour=12.0, energy_usd_per_kwh=0.25, pue=1.6)
     pol = policy(fixed(8), budget={"max_cost_per_million_tokens_usd": 1.2})
@@ -193,7 +193,7 @@ def test_prop_budget_and_display_price_the_fleet_alike(case, site: OnPremCost | 
     (``/v1/status``, ``/metrics``) are the same function of the same inputs: the signals the daemon
     shows are the ones ``decide`` receives."""
     sc, pol, sig, hist = case
-    power = {n: data.draw(readings) for n, p in sc.pools.items() if p.kind.is_onprem}
+    power = {n: data.draw(readings) for n, p in sc.pools.items() if p.tier.is_onprem}
     shown = with_cost(sig, sc.model, sc.pools, NOW, onprem=site, power_kw=power)
     d = decide(model=sc.model, pools=sc.pools, signals=shown, policy=pol, history=hist, overrides=(), now=NOW)
     current = {n: s.replicas or 0 for n, s in shown.pools.items()}
@@ -206,7 +206,7 @@ def test_prop_budget_and_display_price_the_fleet_alike(case, site: OnPremCost | 
     elif rate is not None and rate > 0:
         # missing only for a reason the display names: energy unknown on an on-prem pool in use
         assert "EnergyMissing" in (shown.cost_per_million_tokens_usd.reason or "")
-        assert any(sc.pools[n].kind.is_onprem and current[n] > 0 for n in current)
+        assert any(sc.pools[n].tier.is_onprem and current[n] > 0 for n in current)
     # the decision's cost is the budget's price of what it placed, at the displayed prices
     assert d.cost_per_hour_usd == pytest.approx(placement_cost(sc.model, sc.pools, shown.pools, d.placement))
     # and when the decision keeps the fleet "within budget" under a cost-per-token cap, the display

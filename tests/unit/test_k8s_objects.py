@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from controller.core.model import PoolKind, PoolSpec
+from controller.core.model import Tier, PoolSpec
 from controller.protocols import PermanentProviderError, TransientProviderError
 from providers.base import NoticeKind, RetryPolicy, UnavailableMarks, retry_transient, unavailable_reason
 from providers.kubernetes import (
@@ -322,7 +322,7 @@ def test_unavailable_marks_expire_and_a_later_expiry_wins() -> None:
 
 
 def test_unavailable_reason_carries_the_placement_reason_code() -> None:
-    spot = PoolSpec("aws-spot", PoolKind.AWS_SPOT, "A10G", 4, 8, 2.0)
-    od = PoolSpec("aws-od", PoolKind.AWS_ONDEMAND, "A10G", 4, 8, 5.0)
+    spot = PoolSpec("aws-spot", Tier.SPOT, "aws", "A10G", 4, 8, 2.0)
+    od = PoolSpec("aws-od", Tier.ONDEMAND, "aws", "A10G", 4, 8, 5.0)
     assert unavailable_reason(spot, "InsufficientCapacity", "x").startswith("SpotPoolUnavailable: InsufficientCapacity")
     assert unavailable_reason(od, "Unschedulable", "x").startswith("PoolUnavailable: Unschedulable")

@@ -23,7 +23,7 @@ from controller.core.model import (
     ModelSignals,
     ModelSpec,
     Opinion,
-    PoolKind,
+    Tier,
     PoolSpec,
     PoolState,
     Recommendation,
@@ -116,10 +116,10 @@ def fixed(replicas: int | None = None, *, rule: str | None = None, **kw: Any) ->
 # -- builders -------------------------------------------------------------------------------------
 
 POOLS = {
-    "onprem": PoolSpec("onprem", PoolKind.ONPREM, "A100", 4, 1, 8.0),
-    "spot-a": PoolSpec("spot-a", PoolKind.AWS_SPOT, "A100", 1, 6, 2.0),
-    "spot-b": PoolSpec("spot-b", PoolKind.GCP_SPOT, "L4", 1, 6, 1.5),
-    "od": PoolSpec("od", PoolKind.AWS_ONDEMAND, "A100", 1, 6, 9.0),
+    "onprem": PoolSpec("onprem", Tier.ONPREM, "onprem", "A100", 4, 1, 8.0),
+    "spot-a": PoolSpec("spot-a", Tier.SPOT, "aws", "A100", 1, 6, 2.0),
+    "spot-b": PoolSpec("spot-b", Tier.SPOT, "gcp", "L4", 1, 6, 1.5),
+    "od": PoolSpec("od", Tier.ONDEMAND, "aws", "A100", 1, 6, 9.0),
 }
 MODEL = ModelSpec(
     name="m", tp_degree=1, quantization="fp8", gpu_types=("A100", "L4"), cold_start_s=60,

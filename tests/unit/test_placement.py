@@ -8,13 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.core.model import ModelSpec, PoolKind, PoolSpec, PoolState, ReplicaCapacity
+from controller.core.model import ModelSpec, Tier, PoolSpec, PoolState, ReplicaCapacity
 from controller.core.placement import PlacementResult, place, preferred_pool
 from controller.core.pricing import placement_cost, pool_price
 from controller.core.reasons import Reason
 from controller.core.spec import Placement
 
-ONPREM, AWS_SPOT, GCP_SPOT, AWS_OD = PoolKind.ONPREM, PoolKind.AWS_SPOT, PoolKind.GCP_SPOT, PoolKind.AWS_ONDEMAND
+ONPREM, AWS_SPOT, GCP_SPOT, AWS_OD = (Tier.ONPREM, "onprem"), (Tier.SPOT, "aws"), (Tier.SPOT, "gcp"), (Tier.ONDEMAND, "aws")
 
 
 def model_for(pools: dict[str, PoolSpec], tp: int = 1, gpus: tuple[str, ...] = ("A100",)) -> ModelSpec:
@@ -22,9 +22,9 @@ def model_for(pools: dict[str, PoolSpec], tp: int = 1, gpus: tuple[str, ...] = (
                      capacity={g: ReplicaCapacity(1000.0, 2.0) for g in gpus}, pools=tuple(pools))
 
 
-def pool(name: str, kind: PoolKind, price: float, *, gpus: int = 1, nodes: int = 4, gpu: str = "A100",
+def pool(name: str, kind: tuple[Tier, str], price: float, *, gpus: int = 1, nodes: int = 4, gpu: str = "A100",
          priority: int = 0) -> PoolSpec:
-    return PoolSpec(name=name, kind=kind, gpu_type=gpu, gpus_per_node=gpus, max_nodes=nodes,
+    return PoolSpec(name=name, tier=kind[0], provider=kind[1], gpu_type=gpu, gpus_per_node=gpus, max_nodes=nodes,
                     price_per_node_hour_usd=price, priority=priority)
 
 
@@ -241,20 +241,20 @@ def scenarios(draw: st.DrawFn, with_cap: bool | None = None, min_spread: int = 1
     pools: dict[str, PoolSpec] = {}
     sts: dict[str, PoolState] = {}
     for i, kind in enumerate(kinds):
-        name = f"p{i}-{kind.value}"
+        name = f"p{i}-{kind[1]}-{kind[0].value}"
         # Mostly pools that can host the model; now and then a GPU type or node size that cannot.
         odd = draw(st.integers(0, 9)) == 0
         gpu = draw(st.sampled_from(GPU_TYPES if odd else model_gpus))
         gpus_per_node = draw(st.sampled_from([1, 2, 4, 8] if odd else [g for g in (1, 2, 4, 8) if g >= tp]))
         spec = PoolSpec(
-            name=name, kind=kind, gpu_type=gpu, gpus_per_node=gpus_per_node,
+            name=name, tier=kind[0], provider=kind[1], gpu_type=gpu, gpus_per_node=gpus_per_node,
             max_nodes=draw(st.integers(0, 6)),
             price_per_node_hour_usd=draw(st.integers(0 if kind is ONPREM else 1, 60)) / 2,
             priority=draw(st.integers(0, 1)),
         )
         pools[name] = spec
         replicas = draw(st.integers(0, 8)) if draw(st.integers(0, 2)) else 0
-        spot = kind.is_spot
+        spot = kind[0].is_spot
         sts[name] = PoolState(
             pool=name, replicas=replicas,
             ready_replicas=draw(st.one_of(st.none(), st.integers(0, replicas))),
@@ -285,7 +285,7 @@ def _accepts(sc: Scenario, name: str) -> bool:
     spec, state = sc.pools[name], sc.states[name]
     per_node = spec.replicas_per_node(sc.model)
     return (per_node > 0 and spec.max_nodes > 0 and state.available
-            and not (spec.kind.is_spot and state.recent_interruptions > sc.spec.max_recent_interruptions)
+            and not (spec.tier.is_spot and state.recent_interruptions > sc.spec.max_recent_interruptions)
             and not (state.interrupted_replicas > 0 and (state.replicas or 0) > 0))
 
 
@@ -308,9 +308,9 @@ def check_capacity_packing_budget_and_cost(sc: Scenario, res: PlacementResult) -
 
 
 def check_scale_in_never_takes_onprem_before_cloud(sc: Scenario, res: PlacementResult) -> None:
-    cloud = sum(v for n, v in res.replicas.items() if not sc.pools[n].kind.is_onprem)
+    cloud = sum(v for n, v in res.replicas.items() if not sc.pools[n].tier.is_onprem)
     for name, spec in sc.pools.items():
-        if not spec.kind.is_onprem or not sc.states[name].available:
+        if not spec.tier.is_onprem or not sc.states[name].available:
             continue
         per_node = spec.replicas_per_node(sc.model)
         if per_node == 0:
@@ -321,12 +321,12 @@ def check_scale_in_never_takes_onprem_before_cloud(sc: Scenario, res: PlacementR
 
 
 def check_onprem_filled_before_cloud_is_added(sc: Scenario, res: PlacementResult) -> None:
-    cloud_now = sum(v for n, v in res.replicas.items() if not sc.pools[n].kind.is_onprem)
-    cloud_before = sum(sc.states[n].replicas or 0 for n in sc.pools if not sc.pools[n].kind.is_onprem)
+    cloud_now = sum(v for n, v in res.replicas.items() if not sc.pools[n].tier.is_onprem)
+    cloud_before = sum(sc.states[n].replicas or 0 for n in sc.pools if not sc.pools[n].tier.is_onprem)
     if cloud_now <= cloud_before:
         return
     for name, spec in sc.pools.items():
-        if not spec.kind.is_onprem or not _accepts(sc, name):
+        if not spec.tier.is_onprem or not _accepts(sc, name):
             continue
         room = spec.max_replicas(sc.model) - res.replicas[name]
         if room > 0:
@@ -339,7 +339,7 @@ def check_onprem_filled_before_cloud_is_added(sc: Scenario, res: PlacementResult
 def check_spot_spread(sc: Scenario, res: PlacementResult) -> None:
     if sc.cap is not None:
         return  # a budget may forbid the extra node a spread needs
-    spot = [n for n, s in sc.pools.items() if s.kind.is_spot]
+    spot = [n for n, s in sc.pools.items() if s.tier.is_spot]
     on_spot = sum(res.replicas[n] for n in spot)
     k = sc.spec.spot_spread_min_pools
     holding = [n for n in spot if res.replicas[n] > 0]

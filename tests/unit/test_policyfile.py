@@ -122,6 +122,14 @@ BAD = [
         policy(body="missing_data: {on_missing: zero}\n"), "spec.missing_data.on_missing", 7,
         ["'hold' or 'ignore'", "(got 'zero')"], id="bad-enum"),
     pytest.param("- just\n- a list\n", "", 1, ["a policy document must be a mapping (got list)"], id="not-a-mapping"),
+    # Two placement settings no code ever read are gone: a file that sets one learns it at load
+    # instead of believing it works (the recent-interruption window is the provider's).
+    pytest.param(
+        policy(body="placement:\n  unavailable_after_unready_s: 900\n"), "spec.placement.unavailable_after_unready_s", 8,
+        ["unknown key 'unavailable_after_unready_s'", "allowed: pools, spot_spread_min_pools"], id="removed-unready-timeout"),
+    pytest.param(
+        policy(body="placement:\n  interruption_window_s: 3600\n"), "spec.placement.interruption_window_s", 8,
+        ["unknown key 'interruption_window_s'", "max_recent_interruptions"], id="removed-interruption-window"),
 ]
 
 

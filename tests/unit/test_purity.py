@@ -104,3 +104,47 @@ def test_import_linter_contracts_kept() -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "0 broken" in out and "pure" in out, out
+
+
+# --- no cloud in the core or the simulator's controllers ------------------------------------------
+
+PROVIDER_NEUTRAL = sorted([*(ROOT / "controller" / "core").rglob("*.py"),
+                           *(ROOT / "controller" / "sim" / n for n in ("baselines.py", "engine.py", "spot.py"))])
+
+
+def provider_names_in_code(source: str, names: set[str], filename: str = "<src>") -> list[str]:
+    """Identifiers and string constants (docstrings and comments aside) that name a pool
+    provider, as ``file:line: text``: code that decides by a cloud's name instead of a pool's tier."""
+    import re
+
+    pattern = re.compile(rf"(?<![a-z])({'|'.join(sorted(names))})(?![a-z])", re.IGNORECASE)
+    tree = ast.parse(source, filename)
+    docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        text = None
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            text = node.value
+        elif isinstance(node, ast.Name):
+            text = node.id
+        elif isinstance(node, ast.Attribute):
+            text = node.attr
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            text = node.name
+        if text is not None and pattern.search(text):
+            found.append(f"{filename}:{getattr(node, 'lineno', 0)}: {text!r}")
+    return found
+
+
+def test_the_scanner_finds_a_cloud_name() -> None:
+    bad = 'AWS_SPOT = "aws-spot"\nif pool.cloud == "gcp":\n    pass\n"""aws in a docstring is fine"""\n'
+    assert len(provider_names_in_code(bad, {"aws", "gcp"})) == 3
+
+
+def test_no_provider_is_named_in_the_core_or_the_simulators_controllers() -> None:
+    from providers.registry import installed
+
+    names = set(installed().names()) - {"onprem"}
+    assert {"aws", "gcp"} <= names
+    found = [hit for p in PROVIDER_NEUTRAL for hit in provider_names_in_code(p.read_text(), names, str(p.relative_to(ROOT)))]
+    assert found == [], "decide by the pool's tier, or ask the provider registry:\n" + "\n".join(found)

@@ -20,9 +20,10 @@ from controller.core.pricing import with_cost
 from controller.protocols import (
     MetricsSource, PermanentProviderError, PoolProvider, PriceSource, TransientProviderError,
 )
+from providers.registry import installed
 from providers.clock import ManualClock
 from providers.sim import (
-    CALL_RESIZE_NODE_GROUP, CALL_SCALE_DEPLOYMENT, NOTICE_S, LoadCurve, LoadShape, SimWorld,
+    CALL_RESIZE_NODE_GROUP, CALL_SCALE_DEPLOYMENT, LoadCurve, LoadShape, SimWorld,
     SpotPriceWalk, build_simulated_providers, mmc_p99_s,
 )
 
@@ -400,7 +401,8 @@ def test_interruption_notice_then_the_replicas_vanish(pool: str, replicas: int, 
     assert (settled.ready_replicas, settled.interrupted_replicas, settled.recent_interruptions) == (replicas, 0, 0)
 
     noticed_at, noticed = first_notice(world, clock, llama, pool)
-    notice_s = NOTICE_S[pool.split("-")[0]]
+    notice_s = installed().notice_s(world.pool_specs[pool].provider)
+    assert notice_s == {"aws-spot": 120.0, "gcp-spot": 30.0}[pool]
     assert noticed.recent_interruptions == 1
     assert 0 < noticed.interrupted_replicas < replicas
     assert noticed.ready_replicas == replicas

@@ -4,13 +4,16 @@ between the request-by-request and fluid modes."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controller.sim.baselines import BaselineSettings, TidegateController, make_controller
-from controller.sim.engine import simulate
+from controller.sim.engine import percentile, simulate
 from controller.sim.spot import SpotModel, SpotTrace
 from tests.unit import simulator_fixtures as F
 
@@ -93,7 +96,7 @@ def test_fluid_and_request_modes_agree_on_a_smooth_load() -> None:
 def test_spot_trace_drop_interrupts_and_tidegate_replaces_elsewhere() -> None:
     # aws-spot loses all capacity at t=1200 s (a preemption trace); load needs ~7 replicas
     trace = SpotTrace("drop", np.array([0.0, 1200.0]), np.array([1.0, 0.0]), 10_000.0, True)
-    spot = {"aws-spot": SpotModel(cloud="aws", trace=trace, scale_nodes=2, pool="aws-spot", seed=1)}
+    spot = {"aws-spot": SpotModel(notice_s=120.0, trace=trace, scale_nodes=2, pool="aws-spot", seed=1)}
     work = F.rate_series([F.rate_at_slo() * 5.5] * 50)
     res = simulate(F.setup(work, spot=spot, mode="fluid", seed=2), TidegateController(F.policy(min_replicas=1)))
     s = res.summary
@@ -113,7 +116,7 @@ def test_spot_trace_drop_interrupts_and_tidegate_replaces_elsewhere() -> None:
 def test_request_mode_interruption_retries_requests_after_the_notice(tmp_path: Path) -> None:
     # a fixed schedule keeps 4 replicas on gcp-spot: nothing moves them before the nodes vanish
     trace = SpotTrace("drop", np.array([0.0, 600.0]), np.array([1.0, 0.0]), 10_000.0, True)
-    spot = {"gcp-spot": SpotModel(cloud="gcp", trace=trace, scale_nodes=4, pool="gcp-spot", seed=1)}
+    spot = {"gcp-spot": SpotModel(notice_s=30.0, trace=trace, scale_nodes=4, pool="gcp-spot", seed=1)}
     sched = tmp_path / "s.csv"
     sched.write_text("t_s,onprem,gcp-spot\n0,4,4\n")
     work = F.rate_series([F.rate_at_slo() * 6.0] * 20)
@@ -130,7 +133,7 @@ def test_request_mode_interruption_retries_requests_after_the_notice(tmp_path: P
 
 
 def test_unavailability_window_blocks_launches() -> None:
-    spot = {"gcp-spot": SpotModel(cloud="gcp", unavailable_windows=((0.0, 10_000.0),), pool="gcp-spot")}
+    spot = {"gcp-spot": SpotModel(notice_s=30.0, unavailable_windows=((0.0, 10_000.0),), pool="gcp-spot")}
     work = F.rate_series([F.rate_at_slo() * 7.0] * 30)
     res = simulate(F.setup(work, spot=spot, mode="fluid"), TidegateController(F.policy(min_replicas=1)))
     s = res.summary
@@ -139,7 +142,7 @@ def test_unavailability_window_blocks_launches() -> None:
 
 
 def test_drawn_interruptions_happen_at_the_configured_rate() -> None:
-    spot = {n: SpotModel(cloud="aws" if n == "aws-spot" else "gcp", interruptions_per_node_hour=6.0, pool=n, seed=9)
+    spot = {n: SpotModel(notice_s=120.0 if n == "aws-spot" else 30.0, interruptions_per_node_hour=6.0, pool=n, seed=9)
             for n in ("aws-spot", "gcp-spot")}
     work = F.rate_series([F.rate_at_slo() * 7.0] * 120)
     res = simulate(F.setup(work, spot=spot, mode="fluid", seed=1), TidegateController(F.policy(min_replicas=1)))
@@ -162,3 +165,29 @@ def test_summary_has_every_output() -> None:
     assert s["cost_per_million_output_tokens_usd"] == pytest.approx(s["cost_usd"] / s["output_tokens"] * 1e6)
     assert not math.isnan(s["e2e_p99_ms"])
     assert len(res.timeline["t_s"]) == len(res.timeline["p99_ttft_s"]) == len(res.timeline["ready:onprem"])
+
+
+def test_tidegate_in_the_simulator_holds_a_pools_min_nodes_as_the_daemon_does() -> None:
+    # The simulator runs the daemon's Controller: the nodes each pool holds are the daemon's node
+    # sums (every model's placement, at least min_nodes), not a count of its own. A spot pool
+    # with min_nodes 1 and no replicas keeps (and is billed for) one node, as it would in a cluster.
+    pools = F.pools(onprem_nodes=2)
+    pools["gcp-spot"] = replace(pools["gcp-spot"], min_nodes=1)
+    work = F.rate_series([F.rate_at_slo() * 1.0] * 20)  # fits on-prem with room to spare
+    res = simulate(F.setup(work, pool_specs=pools, mode="fluid", seed=3), TidegateController(F.policy(min_replicas=1)))
+    t = np.asarray(res.timeline["t_s"])
+    nodes = np.asarray(res.timeline["nodes:gcp-spot"])
+    after_first_tick = t >= 5.0 + pools["gcp-spot"].provisioning_delay_s
+    assert after_first_tick.any() and (nodes[after_first_tick] == 1).all()
+    assert all(desired == 0 for desired in res.timeline["desired:gcp-spot"])
+    held_h = (t[-1] - 5.0 - pools["gcp-spot"].provisioning_delay_s) / 3600.0
+    assert res.summary["cost_by_pool_usd"]["gcp-spot"] >= 7.5 * held_h
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(min_value=0.0, max_value=1e6, allow_nan=False), min_size=1, max_size=400),
+       st.sampled_from([50.0, 90.0, 99.0, 99.9, 0.0, 100.0]))
+def test_percentile_is_numpys_bit_for_bit(values: list[float], q: float) -> None:
+    # the simulator's p99s (scraped latency signal, timeline, summary) must not move by a bit
+    arr = np.asarray(values, dtype=np.float64)
+    assert percentile(arr, q) == float(np.percentile(arr, q))

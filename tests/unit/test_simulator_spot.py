@@ -10,13 +10,45 @@ import numpy as np
 import pytest
 
 from controller.sim.scenario import SHARED_DATA
-from controller.sim.spot import NOTICE_S, SpotModel, SpotTrace, load_spot_trace, read_skypilot_trace, read_spotserve_trace
+from controller.core.model import ModelSpec, PoolSpec, ReplicaCapacity, Tier
+from controller.sim.scenario import parse_spot_args
+from controller.sim.spot import (
+    DEFAULT_NOTICE_S, SpotModel, SpotTrace, load_spot_trace, read_skypilot_trace, read_spotserve_trace,
+)
+from providers.kubernetes import OnPremProvider
+from providers.registry import PoolProviderKind, ProviderRegistry, installed
+
+_POOLS = {
+    "o": PoolSpec("o", Tier.ONPREM, "onprem", "H100", 8, 2, 16.0),
+    "a": PoolSpec("a", Tier.SPOT, "aws", "H100", 8, 2, 25.0),
+    "g": PoolSpec("g", Tier.SPOT, "gcp", "H100", 8, 2, 25.0),
+    "z": PoolSpec("z", Tier.SPOT, "azure", "H100", 8, 2, 25.0),
+}
 
 
-def test_notice_periods_are_the_clouds() -> None:
-    assert NOTICE_S == {"aws": 120.0, "gcp": 30.0}
-    assert SpotModel(cloud="gcp", pool="g").notice_s == 30.0
-    assert SpotModel(cloud="aws", pool="a").notice_s == 120.0
+def _model(pools: str) -> ModelSpec:
+    return ModelSpec("m", 8, "fp8", ("H100",), 60, {"H100": ReplicaCapacity(100, 1)}, tuple(pools))
+
+
+def test_notice_periods_are_the_pool_providers() -> None:
+    # Each spot pool is interrupted with its own provider's notice (AWS 2 min, GCP 30 s); a pool
+    # given only capacity windows (on-prem here) gets the default.
+    models = parse_spot_args([], ["o=0:10"], _POOLS, _model("oag"), seed=0, default_rate=1.0)
+    assert {n: m.notice_s for n, m in models.items()} == {"o": DEFAULT_NOTICE_S, "a": 120.0, "g": 30.0}
+    assert (installed().notice_s("aws"), installed().notice_s("gcp"), installed().notice_s("onprem")) == (120.0, 30.0, None)
+
+
+class _Azure(PoolProviderKind):
+    name = "azure"
+    tiers = frozenset({Tier.SPOT, Tier.ONDEMAND})
+    interruption_notice_s = 30.0
+
+
+def test_a_provider_added_to_the_registry_brings_its_notice() -> None:
+    # A provider the simulator has never heard of: nothing in it names a cloud, the registry says.
+    reg = ProviderRegistry([OnPremProvider, _Azure])
+    models = parse_spot_args([], [], _POOLS, _model("z"), seed=0, default_rate=2.0, providers=reg)
+    assert models["z"].notice_s == 30.0 and models["z"].interruptions_per_node_hour == 2.0
 
 
 def test_skypilot_trace(tmp_path: Path) -> None:
@@ -67,17 +99,17 @@ def test_rolled_trace_starts_later() -> None:
 
 def test_spot_model_capacity_windows_and_lifetimes() -> None:
     tr = SpotTrace("t", np.array([0.0, 100.0]), np.array([1.0, 0.25]), 200.0, True)
-    m = SpotModel(cloud="aws", trace=tr, scale_nodes=4, unavailable_windows=((50.0, 60.0),), pool="p", seed=1)
+    m = SpotModel(notice_s=120.0, trace=tr, scale_nodes=4, unavailable_windows=((50.0, 60.0),), pool="p", seed=1)
     assert m.capacity_nodes(10) == 4
     assert m.capacity_nodes(55) == 0 and "window" in m.limit_reason(55)
     assert m.capacity_nodes(150) == 1
     assert m.next_change_after(10) == 50 and m.next_change_after(55) == 60 and m.next_change_after(60) == 100
-    none = SpotModel(cloud="gcp", pool="q")
+    none = SpotModel(notice_s=30.0, pool="q")
     assert none.capacity_nodes(1e6) is None and none.draw_lifetime_s() == math.inf
-    rate = SpotModel(cloud="gcp", interruptions_per_node_hour=2.0, pool="r", seed=3)
+    rate = SpotModel(notice_s=30.0, interruptions_per_node_hour=2.0, pool="r", seed=3)
     lifetimes = [rate.draw_lifetime_s() for _ in range(2000)]
     assert np.mean(lifetimes) == pytest.approx(1800.0, rel=0.1)
-    again = SpotModel(cloud="gcp", interruptions_per_node_hour=2.0, pool="r", seed=3)
+    again = SpotModel(notice_s=30.0, interruptions_per_node_hour=2.0, pool="r", seed=3)
     assert again.draw_lifetime_s() == lifetimes[0]
 
 
