@@ -165,12 +165,13 @@ class RealProviders(_Strict):
 
 
 class OnPremCostConfig(_Strict):
-    """How an on-prem hour is priced for cost per token (GPUs already paid for still cost)."""
+    """How an on-prem node-hour is priced for placement, budgets and cost per token (GPUs already paid
+    for still cost): ``controller.core.pricing``."""
 
     capital_usd_per_gpu_hour: float = Field(ge=0, description="Purchase and hosting cost of one GPU spread over its service life, USD per GPU-hour.")
     energy_usd_per_kwh: float = Field(ge=0, description="Electricity price at the site, USD per kWh, applied to DCGM's measured GPU power.")
     pue: float = Field(1.0, ge=1, description="Power usage effectiveness (facility / IT power); 1.0 counts the GPUs only.")
-    assumed_gpu_power_kw: float | None = Field(None, gt=0, description="kW per GPU to assume while DCGM's power reading is missing; unset: cost per token is then missing.")
+    assumed_gpu_power_kw: float | None = Field(None, gt=0, description="kW per GPU to assume while DCGM's power reading is missing; unset: the displayed cost per token is then missing and placement prices the pool at its static price_per_node_hour_usd.")
 
 
 _POLICY_FILE_CEILING_BYTES = 64 << 20
@@ -188,7 +189,7 @@ class DaemonConfig(_Strict):
     loop: LoopConfig = Field(default_factory=LoopConfig, description="Tick and reload intervals, backoff.")
     providers: SimulatedProviders | RealProviders = Field(default_factory=SimulatedProviders, discriminator="type", description="Where signals come from and where actions go: `simulated` (the demo's fleet) or `real`.")
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings, description="Leader election between daemon replicas (simulated and real providers alike): which backend, the Lease's name and namespace, its timing.")
-    onprem_cost: OnPremCostConfig | None = Field(None, description="On-prem capital and energy pricing for cost per token; unset: on-prem nodes cost their static price_per_node_hour_usd.")
+    onprem_cost: OnPremCostConfig | None = Field(None, description="On-prem capital and energy pricing, used alike by placement, both budget caps and the displayed cost per token; unset: on-prem nodes cost their static price_per_node_hour_usd.")
     pools: list[PoolConfig] = Field(min_length=1, description="Where replicas can run.")
     models: list[ModelConfig] = Field(min_length=1, description="The model bundles served, each with one Deployment per pool.")
 

@@ -50,11 +50,11 @@ from controller.core.model import (
 )
 from controller.core.pipeline import decide as pipeline_decide
 from controller.core.policy import EffectivePolicy
+from controller.core.pricing import OnPremCost, with_cost
 from controller.core.reasons import Reason
 from controller.errors import ProviderError
 from controller.logs import log
 from controller.protocols import Clock, MetricsSource, PoolProvider, PriceSource
-from providers.cost import OnPremCost, with_cost
 
 logger = logging.getLogger("tidegate.controller")
 
@@ -222,9 +222,9 @@ class Controller:
             states = {pool_name: self._pool_state(model, pool_name, prices, now) for pool_name in model.pools}
             sig = ModelSignals(sig.model, sig.at, samples=sig.samples, pools=states,
                                degraded=degraded_all.get(name) or sig.degraded)
-            if sig.cost_per_million_tokens_usd.value is None:
-                # Prometheus knows tokens, providers know nodes and prices: cost per token needs both.
-                sig = self._with_cost(sig, model, now)
+            # Prometheus knows tokens and power, providers know replicas and prices: the pricing
+            # module prices the pools (the budget stage uses these prices) and the cost per token.
+            sig = self._with_cost(sig, model, now)
             out[name] = sig
         return out
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 from controller.config import DaemonConfig
 from controller.controller import Controller, TickReport
 from controller.core.model import Action, Decision, ModelSignals, ModelSpec, PoolSpec
+from controller.core.pricing import OnPremCost, pool_cost_per_hour_usd, pool_price
 from controller.core.signals import NOT_MEASURED_REASONS
 from controller.db.recorder import RepositoryRecorder
 from controller.db.repo import Repository
@@ -36,7 +37,6 @@ from controller.metrics import DaemonMetrics
 from controller.policyfile import PolicyLimits, PolicyStore
 from controller.protocols import Clock, LeaderElector, MetricsSource, PoolProvider, PriceSource
 from policies.base import Registry
-from providers.cost import OnPremCost
 
 logger = logging.getLogger("tidegate.daemon")
 
@@ -285,10 +285,8 @@ class Daemon:
                 m.replicas.labels(model=d.model, pool=pool_name, state="current").set(st.replicas)
             if st is not None and st.ready_replicas is not None:
                 m.replicas.labels(model=d.model, pool=pool_name, state="ready").set(st.ready_replicas)
-            price = (st.price_per_node_hour_usd if st and st.price_per_node_hour_usd is not None
-                     else pool.price_per_node_hour_usd)
             m.cost_per_hour.labels(model=d.model, pool=pool_name).set(
-                pool.nodes_for(model, d.placement.get(pool_name, 0)) * price)
+                pool_cost_per_hour_usd(model, pool, st, d.placement.get(pool_name, 0)))
             m.pool_available.labels(model=d.model, pool=pool_name).set(1 if (st is None or st.available) else 0)
         if d.interrupted_replaced:
             for pool_name in model.pools:
@@ -421,8 +419,7 @@ class Daemon:
                         "nodes": st.nodes if st else None,
                         "available": st.available if st else None,
                         "unavailable_reason": st.unavailable_reason if st else None,
-                        "price_per_node_hour_usd": (st.price_per_node_hour_usd if st and st.price_per_node_hour_usd is not None
-                                                    else self.pools[pool_name].price_per_node_hour_usd),
+                        "price_per_node_hour_usd": pool_price(self.pools[pool_name], st),
                     }
                 out["models"][name] = {
                     "policy_version": policies[name].version if name in policies else None,

@@ -26,7 +26,7 @@ class DaemonMetrics:
         self.replicas = Gauge("tidegate_replicas", "Replicas per model and pool; state is desired (decided) or current or ready (observed).", ["model", "pool", "state"], registry=r)
         self.desired_total = Gauge("tidegate_desired_replicas", "Decided total replicas per model.", ["model"], registry=r)
         self.cost_per_hour = Gauge("tidegate_cost_per_hour_usd", "Cost per hour of the decided placement, per model and pool.", ["model", "pool"], registry=r)
-        self.cost_per_mtok = Gauge("tidegate_cost_per_million_tokens_usd", "Observed cost per million output tokens per model.", ["model"], registry=r)
+        self.cost_per_mtok = Gauge("tidegate_cost_per_million_tokens_usd", "Cost per million output tokens per model: the cost per hour of the replicas the pools hold over the observed output token rate (the figure the cost-per-token cap compares).", ["model"], registry=r)
         self.budget_cap = Gauge("tidegate_budget_max_cost_per_hour_usd", "The policy's cost ceiling per hour per model (absent when none).", ["model"], registry=r)
         self.p99_latency = Gauge("tidegate_signal_p99_latency_ms", "Observed p99 latency per model, milliseconds.", ["model"], registry=r)
         self.slo_p99 = Gauge("tidegate_slo_p99_latency_ms", "The policy's p99 latency target per model, milliseconds.", ["model"], registry=r)

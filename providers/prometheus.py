@@ -87,7 +87,7 @@ SIGNALS: tuple[str, ...] = tuple(s.name for s in queried_signals() if s.model_si
 """The ``ModelSignals`` samples this source fills: the signal table's rows with a default query
 (``controller.core.signals``). Pools combine as each row says."""
 EXTRA_SIGNALS: tuple[str, ...] = tuple(s.name for s in queried_signals() if not s.model_signal)
-"""Read per pool only (e.g. ``gpu_power_kw`` for the cost of on-prem pools, ``providers.cost``)."""
+"""Read per pool only (e.g. ``gpu_power_kw`` for the cost of on-prem pools, ``controller.core.pricing``)."""
 ESTIMATE_LABEL = "tidegate_estimate"
 """Label the default latency query attaches to say which estimate answered (``p99``,
 ``p99_first_response`` or ``mean``)."""
@@ -169,7 +169,7 @@ class Observation:
 
     def by_pool(self, model: str, signal: str) -> dict[str, Sample]:
         """Pool -> sample of one signal of one model (e.g. ``gpu_power_kw`` for
-        ``providers.cost``)."""
+        ``controller.core.pricing``)."""
         return {pool: v[signal] for (m, pool), v in self.pools.items() if m == model and signal in v}
 
 
@@ -315,7 +315,7 @@ class PrometheusMetricsSource:
 
     def power_kw(self, model: str) -> dict[str, Sample]:
         """Pool -> GPU power (kW) of one model's serving GPUs at the last tick, for on-prem energy
-        cost (``providers.cost``); empty before the first tick."""
+        cost (``controller.core.pricing``); empty before the first tick."""
         return self.last.by_pool(model, "gpu_power_kw") if self.last is not None else {}
 
     # ---- one answer

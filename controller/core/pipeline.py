@@ -53,8 +53,9 @@ from controller.core.model import (
     Stage,
 )
 from controller.core.overrides import OverrideEffect, resolve
-from controller.core.placement import PlacementResult, place, placement_cost, preferred_pool
+from controller.core.placement import PlacementResult, place, preferred_pool
 from controller.core.policy import EffectivePolicy
+from controller.core.pricing import hourly_cost_at_usd, placement_cost
 from controller.core.reasons import Reason
 from controller.core.signals import pooled_signal_names
 from controller.core.spec import Behavior, Bounds, Budget, MissingData, OnMissing, PolicySpec
@@ -66,8 +67,6 @@ STAGES = ("recommend", "combine", "tolerance", "missing-data", "stabilize", "rat
 was observed has the single stage ``observe`` (``NotObservedYet``)."""
 
 _EMPTY_STATE: Mapping[str, Any] = {}
-_TOKENS_PER_MILLION = 1e6
-_S_PER_HOUR = 3600.0
 
 
 class _Step(NamedTuple):
@@ -412,7 +411,7 @@ def _cost_cap(budget: Budget, signals: ModelSignals, now: datetime, max_age_s: f
         # Cost per token is undefined without a token rate: the ceiling cannot be computed.
         return _Cap(hard, Reason.BUDGET_CAP_REACHED.value,
                     f"cost-per-token cap ${per_million:g}/M ignored: output token rate unknown")
-    token_cap = per_million * rate * _S_PER_HOUR / _TOKENS_PER_MILLION
+    token_cap = hourly_cost_at_usd(per_million, rate)
     note = f"${per_million:g}/M tokens at {rate:g} tok/s = ${token_cap:.2f}/h"
     if hard is not None and token_cap >= hard:
         return _Cap(hard, Reason.BUDGET_CAP_REACHED.value, note)

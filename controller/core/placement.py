@@ -31,7 +31,8 @@ Each rule is a function of ``place``'s (``_keep_valid``, ``_trim_excess``, ``_tr
 they work on private per-pool views and return what they did with their events (reason code,
 message), which ``PlacementResult.events`` lists in that order.
 
-Cost = sum over pools of whole nodes for the replicas times the node price per hour.
+Cost = sum over pools of whole nodes for the replicas times the node price per hour
+(``controller.core.pricing``, the one definition the budget, the daemon and the simulator share).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Collection, Mapping, NamedTuple
 
 from controller.core.model import ModelSpec, PoolSpec, PoolState
+from controller.core.pricing import pool_price, replica_price, whole_nodes
 from controller.core.reasons import Reason
 from controller.core.spec import Placement as PlacementSpec
 
@@ -51,39 +53,6 @@ _EPS_USD = 1e-9
 
 _ONPREM, _SPOT, _ONDEMAND = 0, 1, 2  # Tier.rank of each tier
 """Looked up once per pool and call: enum properties are slow in hot loops."""
-
-
-def pool_price(spec: PoolSpec, state: PoolState | None) -> float:
-    """Price per node-hour, USD: the live price when the state carries one, else the static one."""
-    if state is not None and state.price_per_node_hour_usd is not None:
-        return state.price_per_node_hour_usd
-    return spec.price_per_node_hour_usd
-
-
-def _nodes(replicas: int, per_node: int) -> int:
-    if replicas <= 0:
-        return 0
-    if per_node <= 0:
-        # Replicas where they cannot fit (a stale placement on a pool of the wrong GPU type): count
-        # one node each so their cost is not hidden.
-        return replicas
-    return -(-replicas // per_node)
-
-
-def placement_cost(
-    model: ModelSpec,
-    pools: Mapping[str, PoolSpec],
-    states: Mapping[str, PoolState],
-    placement: Mapping[str, int],
-) -> float:
-    """Cost per hour (USD) of ``placement``: whole nodes per pool times the node price."""
-    cost = 0.0
-    for name, replicas in placement.items():
-        spec = pools.get(name)
-        if spec is None or replicas <= 0:
-            continue
-        cost += _nodes(replicas, spec.replicas_per_node(model)) * pool_price(spec, states.get(name))
-    return cost
 
 
 class _Pool:
@@ -109,11 +78,12 @@ class _Pool:
         self.per_node = spec.replicas_per_node(model)
         self.capacity = spec.max_nodes * self.per_node
         self.price = pool_price(spec, state)
+        # pricing.replica_price, with the price and replicas per node this pool already holds: hot loop
         self.eff_cost = self.price / self.per_node if self.per_node > 0 else float("inf")
         self.usable = self.per_node > 0
 
     def nodes(self) -> int:
-        return _nodes(self.replicas, self.per_node)
+        return whole_nodes(self.replicas, self.per_node)
 
     def cost(self) -> float:
         return self.nodes() * self.price
@@ -192,7 +162,7 @@ def preferred_pool(
         tier = spec.tier.rank
         if tier == _ONDEMAND and not placement.allow_on_demand:
             continue
-        key = (tier, pool_price(spec, states.get(name)) / per_node, spec.priority, name)
+        key = (tier, replica_price(spec, model, states.get(name)), spec.priority, name)
         if best is None or key < best:
             best = key
     return None if best is None else best[3]

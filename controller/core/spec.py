@@ -119,7 +119,7 @@ class Placement(_Strict):
 
 
 class Budget(_Strict):
-    max_cost_per_hour_usd: float | None = Field(None, gt=0, le=MAX_USD, description=f"Hard ceiling on the placement's cost per hour, all pools (on-prem at its amortized price), at most {MAX_USD}.")
+    max_cost_per_hour_usd: float | None = Field(None, gt=0, le=MAX_USD, description=f"Hard ceiling on the placement's cost per hour, all pools (on-prem at its static amortized price, or capital plus energy with the daemon's onprem_cost), at most {MAX_USD}.")
     max_cost_per_million_tokens_usd: float | None = Field(None, gt=0, le=MAX_USD, description=f"Ceiling (at most {MAX_USD}) on cost per million output tokens at the observed token rate: limits scale-out, never pushes below min_replicas; ignored while the token rate is unknown or zero.")
 
 

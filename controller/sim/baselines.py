@@ -61,17 +61,13 @@ from controller.core.model import ModelSpec, PoolSpec, PoolState, Tier
 from controller.core.pipeline import decide
 from controller.core.placement import place
 from controller.core.policy import EffectivePolicy
+from controller.core.pricing import replica_price
 from controller.core.spec import Placement as PlacementSpec
 from controller.sim.engine import Autoscaler, Baseline, Observation, Simulation, SimSetup
 from controller.sim.workload import RequestTrace, rate_profile
 
 BASELINES = ("seed-stack", "hpa", "keda", "skyserve", "all-on-demand", "oracle")
 """Names ``--baselines all`` expands to (``schedule:FILE`` is named explicitly)."""
-
-
-def _price_per_replica(spec: PoolSpec, model: ModelSpec) -> float:
-    per = spec.replicas_per_node(model)
-    return spec.price_per_node_hour_usd / per if per > 0 else math.inf
 
 
 def _capacity(spec: PoolSpec, model: ModelSpec) -> int:
@@ -229,7 +225,7 @@ class SpotFirst:
         tiers = None if allow is None else frozenset(allow)
         self.model = model
         self.pools = [p for p in pools if p.replicas_per_node(model) > 0 and (tiers is None or p.tier in tiers)]
-        self.order = sorted(self.pools, key=lambda p: (p.tier.rank, _price_per_replica(p, model), p.priority, p.name))
+        self.order = sorted(self.pools, key=lambda p: (p.tier.rank, replica_price(p, model), p.priority, p.name))
 
     def place(self, total: int, current: Mapping[str, int], pending: Mapping[str, int],
               states: Mapping[str, PoolState]) -> dict[str, int]:
@@ -631,7 +627,7 @@ class OracleController(Baseline):
                 # capacity the cloud holds over that whole span counts (a launch into an empty
                 # market fails, and a node the trace takes back in between is lost)
                 cap = _backward_min(cap, int(math.ceil(lead / g)))
-            cost_per_req = p.price_per_node_hour_usd / per_node / r
+            cost_per_req = replica_price(p, model) / r
             rows.append((cost_per_req, p.tier.rank, p.name, r, cap, lead))
         rows.sort(key=lambda x: (x[0], x[1], x[2]))
         remaining = demand.copy()

@@ -34,9 +34,11 @@ pool state (as it reads Kubernetes and the clouds). Everything random is seeded:
 function of its inputs and seed.
 
 Cost: cloud nodes are billed from order to release (provisioning included); on-prem nodes at their
-amortized price while they hold a pod (``onprem_cost="used"``, the daemon's own cost view) or all
-the time (``"always"``). Billing stops at the end of the workload; requests still in flight then are
-served to completion (up to ``drain_s``) for the latency figures.
+amortized price while they hold a pod (``onprem_cost="used"``) or all the time (``"always"``).
+Controllers see the cost per million tokens the daemon shows: the Controller prices it
+(``controller.core.pricing``) from the pools' replicas and the scraped token rate, with the function
+the budget prices placements with. Billing stops at the end of the workload; requests still in
+flight then are served to completion (up to ``drain_s``) for the latency figures.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from controller.core.model import (
     Sample,
 )
 from controller.core.policy import EffectivePolicy
+from controller.core.pricing import S_PER_HOUR, pool_price, usd_per_million_tokens
 from controller.core.signals import model_signal_names
 from controller.sim.service import (
     TAIL_U,
@@ -610,12 +613,12 @@ class Simulation:
         if t > pool.bill_t:
             dt = t - pool.bill_t
             pool.node_s += pool.bill_n * dt
-            pool.cost_usd += pool.bill_n * dt * pool.spec.price_per_node_hour_usd / 3600.0
+            pool.cost_usd += pool.bill_n * dt * pool_price(pool.spec, None) / S_PER_HOUR
             pool.bill_t = t
         pool.bill_n = self._billable(pool)
 
     def cost_per_hour(self) -> float:
-        return sum(p.bill_n * p.spec.price_per_node_hour_usd for p in self.pools.values())
+        return sum(p.bill_n * pool_price(p.spec, None) for p in self.pools.values())
 
     # ------------------------------------------------------------------ nodes and pods
     def _new_node(self, pool: _Pool, ready_s: float, state: int) -> _Node:
@@ -1190,9 +1193,6 @@ class Simulation:
             s["input_tokens_per_s"] = (self.cum_in_tokens - in0) / span
         else:
             s["output_tokens_per_s"] = s["input_tokens_per_s"] = None
-        tok = s["output_tokens_per_s"]
-        cost_h = self.cost_per_hour()
-        s["cost_per_million_tokens_usd"] = cost_h / (tok * 3600.0) * 1e6 if tok else None
         self.scrape = s
         self.scrape_at = now
         at = self._dt(now)
@@ -1574,7 +1574,8 @@ class Simulation:
             s["output_tokens"] = float(self.cum_out_tokens)
         cost = sum(p.cost_usd for p in self.pools.values())
         s["cost_usd"] = cost
-        s["cost_per_million_output_tokens_usd"] = cost / s["output_tokens"] * 1e6 if s["output_tokens"] else math.nan
+        s["cost_per_million_output_tokens_usd"] = (usd_per_million_tokens(cost, s["output_tokens"]) if s["output_tokens"]
+                                                    else math.nan)
         gpu_h = {name: p.node_s * p.spec.gpus_per_node / 3600.0 for name, p in self.pools.items()}
         s["gpu_hours_by_pool"] = gpu_h
         total_gpu_h = sum(gpu_h.values())

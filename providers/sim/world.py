@@ -40,9 +40,9 @@ Queueing model (per model, fluid, documented because policies are tuned against 
 - GPU utilization: ``served / mu * 100`` (missing with no ready replica: no GPU serves).
 - Request rate: the arrival rate (demand, as a gateway counter sees it). Token rates: served
   requests/s times the configured mean input / output tokens (throughput, as the engines report).
-- Cost per million output tokens: the cost per hour of the nodes the model's pods occupy (each
-  node's price shared between models by GPUs in use; spot at the live price) divided by output
-  tokens per hour, times 1e6; missing when no tokens are served.
+- Cost per million output tokens: not measured, as Prometheus does not measure it; the daemon prices
+  it (``controller.core.pricing``) from the pool states (spot at the world's live price) and the
+  output token rate, as it does in production.
 
 Pools, nodes, pods and interruptions: see ``providers.sim.fleet``. Test hooks: capacity shortages,
 metric scrape gaps and injected provider failures (``inject_*`` / ``fail_next``), and ``actions``,
@@ -329,10 +329,6 @@ class SimWorld:
 
         out_tps = served * self.settings.mean_output_tokens
         in_tps = served * self.settings.mean_input_tokens
-        if out_tps > 0.0:
-            cost = Sample(self._model_cost_per_hour(name, t) / (out_tps * 3600.0) * 1e6, now)
-        else:
-            cost = Sample.missing("NoTokensServed", now)
         return ModelSignals(
             model=name, at=now,
             queue_depth=Sample(queue, now),
@@ -342,23 +338,14 @@ class SimWorld:
             output_tokens_per_s=Sample(out_tps, now),
             input_tokens_per_s=Sample(in_tps, now),
             kv_cache_utilization_pct=Sample.missing("NotSimulated", now),
-            cost_per_million_tokens_usd=cost,
+            # Cost per token is not measured (Prometheus does not either): the daemon prices it
+            # (controller.core.pricing) from the pool states and the token rate above.
+            cost_per_million_tokens_usd=Sample.missing("NotMeasured: priced by the daemon", now),
         )
 
     def _price(self, pool: str, t: float) -> float:
         walk = self._spot_prices.get(pool)
         return walk.price_usd(t) if walk is not None else self.pool_specs[pool].price_per_node_hour_usd
-
-    def _model_cost_per_hour(self, model: str, t: float) -> float:
-        total = 0.0
-        for pname in self._models[model].spec.pools:
-            fleet = self._fleets[pname]
-            price = self._price(pname, t)
-            for node in fleet.nodes:
-                mine = sum(p.gpus for p in node.pods if p.model == model)
-                if mine:
-                    total += price * mine / node.used_gpus
-        return total
 
     def _pool_state(self, pool: str, model: ModelSpec, now: datetime) -> PoolState:
         fleet = self._fleets[pool]

@@ -211,15 +211,18 @@ def test_daemon_computes_cost_per_token_from_nodes_prices_and_tokens(make_harnes
     row = h.repo.get_decision(h.repo.list_decisions(limit=1)[0]["id"])
     sig = row["signals"]
     tokens = sig["output_tokens_per_s"]["value"]
+    model = h.daemon.models["llama3-70b-fp8"]
     cost = 0.0
     for name, st in sig["pools"].items():
         pool = h.daemon.pools[name]
+        nodes = pool.nodes_for(model, st["replicas"])  # whole nodes for the model's replicas
         if pool.tier.is_onprem:
-            gpus = st["nodes"] * pool.gpus_per_node
-            cost += gpus * 1.5 + gpus * 0.7 * 1.25 * 0.2  # capital + assumed energy
+            price = pool.gpus_per_node * (1.5 + 0.7 * 1.25 * 0.2)  # capital + assumed energy per node
+            assert st["price_per_node_hour_usd"] == pytest.approx(price)  # the price the budget used
         else:
             price = st["price_per_node_hour_usd"] or pool.price_per_node_hour_usd
-            cost += st["nodes"] * price
+        cost += nodes * price
+    assert cost > 0
     assert sig["cost_per_million_tokens_usd"]["value"] == pytest.approx(cost / (tokens * 3600) * 1e6)
     assert "AssumedPower" in (sig["cost_per_million_tokens_usd"]["reason"] or "")
     text = h.daemon.metrics.render().decode()

@@ -25,8 +25,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from controller.core.model import ModelSignals, ModelSpec, Tier, PoolSpec, PoolState, ReplicaCapacity
-from providers.cost import OnPremCost, pool_cost_per_hour_usd
+from controller.core.model import ModelSignals, ModelSpec, Tier, PoolSpec, ReplicaCapacity
+from controller.core.pricing import OnPremCost, onprem_node_price
 from tests.integration.exporters import (
     Histogram,
     HistogramRamp,
@@ -116,8 +116,8 @@ def test_every_signal_per_model_and_pool_from_real_exporter_text(metrics_lab: Me
     site = OnPremCost(capital_usd_per_gpu_hour=1.0, energy_usd_per_kwh=0.5)
     onprem_pool = PoolSpec("onprem", Tier.ONPREM, "onprem", "A100", gpus_per_node=8, max_nodes=2, price_per_node_hour_usd=9.0)
     power = obs.by_pool(m, "gpu_power_kw")
-    cost = pool_cost_per_hour_usd(onprem_pool, PoolState("onprem", 2, nodes=1), now(), onprem=site, power_kw=power["onprem"])
-    assert cost.value == pytest.approx(8 * 1.0 + 2 * LAB_GPU_POWER_W["onprem"] / 1000 * 0.5, rel=0.01)
+    price, note = onprem_node_price(onprem_pool, site, nodes=1, power_kw=power["onprem"].value)
+    assert note is None and price == pytest.approx(8 * 1.0 + 2 * LAB_GPU_POWER_W["onprem"] / 1000 * 0.5, rel=0.01)
     # samples are dated by the data, which is at most a couple of scrapes old
     assert s.queue_depth.at is not None and (now() - s.queue_depth.at).total_seconds() < 5
     assert isinstance(s, ModelSignals) and s.at <= now()

@@ -32,8 +32,8 @@ from controller.core.model import (
     ScaleEvent,
 )
 from controller.core.pipeline import STAGES, decide
-from controller.core.placement import placement_cost
 from controller.core.policy import EffectivePolicy
+from controller.core.pricing import placement_cost
 from controller.core.reasons import Reason
 from controller.core.spec import PolicySpec
 from policies.base import PolicyContext, PolicyKind, StrictParams

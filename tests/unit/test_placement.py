@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.core.model import ModelSpec, Tier, PoolSpec, PoolState, ReplicaCapacity
-from controller.core.placement import PlacementResult, place, placement_cost, pool_price, preferred_pool
+from controller.core.placement import PlacementResult, place, preferred_pool
+from controller.core.pricing import placement_cost, pool_price
 from controller.core.reasons import Reason
 from controller.core.spec import Placement
 

@@ -85,11 +85,11 @@ def test_combine_rules() -> None:
 
 
 # Modules allowed to spell signal names: the table, the sources that measure signals (their
-# values are their own), and the code that reads particular signals (policy kinds, the simulator's
+# values are their own), the pricing module (it computes the cost per token), and the code that reads particular signals (policy kinds, the simulator's
 # baselines, benchmarks).
 SPELLERS = {
     "controller/core/signals.py",
-    "providers/prometheus.py", "providers/triton.py", "providers/cost.py", "providers/sim/world.py",
+    "providers/prometheus.py", "providers/triton.py", "controller/core/pricing.py", "providers/sim/world.py",
     "controller/sim/engine.py",
     "controller/sim/baselines.py",
 }

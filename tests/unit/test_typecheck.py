@@ -18,7 +18,7 @@ CHECKED = [
     "controller/logs.py", "controller/docs.py", "controller/protocols.py", "controller/bundle.py",
     "controller/backend_source.py",
     "providers/sim", "providers/clock.py", "providers/prometheus.py", "providers/triton.py",
-    "providers/cost.py", "tests/integration/exporters.py", "controller/sim",
+    "tests/integration/exporters.py", "controller/sim",
     "providers/base.py", "providers/cloudpool.py", "providers/kubernetes.py", "providers/aws.py", "providers/gcp.py",
     "providers/leader.py", "providers/real.py", "providers/wiring.py", "providers/registry.py", "deploy/helm/gen_schema.py", "controller/errors.py",
 ]
