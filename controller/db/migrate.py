@@ -8,7 +8,11 @@ current directory); ``migrations/alembic.ini`` exists only for people who run ``
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import zlib
 from pathlib import Path
+from typing import Iterator
 
 import migrations
 import sqlalchemy as sa
@@ -19,7 +23,7 @@ from alembic.script import ScriptDirectory
 
 from controller.errors import SchemaNotCurrentError  # re-exported: raised here
 
-__all__ = ["SchemaNotCurrentError", "alembic_config", "upgrade", "downgrade", "current_revision", "head_revision", "check"]
+__all__ = ["SchemaNotCurrentError", "alembic_config", "migration_lock", "upgrade", "downgrade", "current_revision", "head_revision", "check"]
 
 
 def _script_location() -> str:
@@ -39,14 +43,55 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
+_PG_MIGRATION_LOCK = zlib.crc32(b"tidegate-migrations")
+"""Key of the PostgreSQL session advisory lock that serializes migrations (the leader lock of
+``providers.leader`` uses other keys)."""
+
+
+@contextlib.contextmanager
+def migration_lock(url: str) -> Iterator[None]:
+    """Hold the database's migration lock: daemons starting together (the chart's two pods) take
+    turns, and the second finds the schema at head instead of creating it a second time ("table
+    alembic_version already exists"). PostgreSQL: a session advisory lock; a SQLite file: an
+    exclusive ``flock`` on ``FILE.migrate-lock`` beside it (not on the database file, whose own
+    locks SQLite manages); an in-memory SQLite database has nobody to race with."""
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() == "postgresql":
+        engine = sa.create_engine(parsed, poolclass=sa.pool.NullPool)
+        try:
+            with engine.connect() as conn:
+                conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": _PG_MIGRATION_LOCK})
+                try:
+                    yield
+                finally:
+                    conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_MIGRATION_LOCK})
+                    conn.commit()
+        finally:
+            engine.dispose()
+        return
+    database = parsed.database or ""
+    if (parsed.get_backend_name() != "sqlite" or database in ("", ":memory:") or database.startswith("file:")
+            or not Path(database).parent.is_dir()):  # a missing folder: SQLite's own error says so
+        yield
+        return
+    with open(f"{database}.migrate-lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def upgrade(url: str | sa.engine.Engine, revision: str = "head") -> None:
-    """Migrate the database at ``url`` up to ``revision`` (creating the schema on an empty one).
+    """Migrate the database at ``url`` up to ``revision`` (creating the schema on an empty one),
+    under :func:`migration_lock`, so concurrent callers take turns.
 
     An engine may be given instead of a URL: the migration then runs on one of its connections,
     which is the only way to migrate an in-memory SQLite database a repository will use.
     """
     if isinstance(url, str):
-        command.upgrade(alembic_config(url), revision)
+        with migration_lock(url):
+            command.upgrade(alembic_config(url), revision)
         return
     cfg = alembic_config(url.url.render_as_string(hide_password=False))
     with url.begin() as conn:

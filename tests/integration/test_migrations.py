@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,9 +22,12 @@ from controller.db.migrate import (
     current_revision,
     downgrade,
     head_revision,
+    migration_lock,
     upgrade,
 )
 from controller.db.models import Base
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TABLES = {"decisions", "actions", "overrides", "audit_log", "policy_versions"}
 VERSIONS_DIR = Path(migrations.__file__).parent / "versions"
@@ -110,3 +116,24 @@ def test_url_with_percent_encoded_password_survives_the_config() -> None:
     cfg = alembic_config(url)
     assert cfg.get_main_option("sqlalchemy.url") == url
     assert Path(cfg.get_main_option("script_location") or "") == Path(migrations.__file__).resolve().parent
+
+
+def _upgrade_in_a_process(url: str) -> subprocess.Popen[str]:
+    code = "import sys; from controller.db.migrate import upgrade; upgrade(sys.argv[1])"
+    return subprocess.Popen([sys.executable, "-c", code, url], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def test_daemons_starting_together_take_turns_to_migrate(db_url: str) -> None:
+    """The chart's two pods start at once on one database: the second used to fail with "table
+    alembic_version already exists". While one holds the migration lock the others wait, then find
+    the schema at head."""
+    with migration_lock(db_url):
+        waiting = [_upgrade_in_a_process(db_url) for _ in range(2)]
+        time.sleep(3)  # ample time to import and migrate (about 1 s here) had they not waited
+        assert all(p.poll() is None for p in waiting), [p.communicate()[0] for p in waiting]
+        assert current_revision(db_url) is None
+    for p in waiting:
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0, out
+    assert current_revision(db_url) == head_revision()
