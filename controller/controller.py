@@ -54,7 +54,7 @@ from controller.core.pricing import OnPremCost, with_cost
 from controller.core.reasons import Reason
 from controller.errors import ProviderError
 from controller.logs import log
-from controller.protocols import Clock, MetricsSource, PoolProvider, PriceSource
+from controller.protocols import Clock, MeasuresPower, MetricsSource, PoolProvider, PriceSource, degraded_models
 
 logger = logging.getLogger("tidegate.controller")
 
@@ -215,7 +215,7 @@ class Controller:
             self.listener.component("metrics", str(e), now)
             raw = {}
         prices = self._prices(now)
-        degraded_all = getattr(self.metrics_source, "degraded", None) or {}
+        degraded_all = degraded_models(self.metrics_source)
         out: dict[str, ModelSignals] = {}
         for name, model in self.models.items():
             sig = raw.get(name) or ModelSignals(model=name, at=now)
@@ -259,8 +259,8 @@ class Controller:
         return st
 
     def _with_cost(self, sig: ModelSignals, model: ModelSpec, now: datetime) -> ModelSignals:
-        power_fn = getattr(self.metrics_source, "power_kw", None)
-        power = power_fn(model.name) if callable(power_fn) else None
+        source = self.metrics_source
+        power = source.power_kw(model.name) if isinstance(source, MeasuresPower) else None
         return with_cost(sig, model, self.pools, now, onprem=self.onprem_cost, power_kw=power)
 
     # ------------------------------------------------------------------ decide

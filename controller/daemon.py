@@ -35,7 +35,7 @@ from controller.db.repo import Repository
 from controller.logs import log
 from controller.metrics import DaemonMetrics
 from controller.policyfile import PolicyLimits, PolicyStore
-from controller.protocols import Clock, LeaderElector, MetricsSource, PoolProvider, PriceSource
+from controller.protocols import Clock, LeaderElector, MetricsSource, PoolProvider, PriceSource, degraded_models
 from policies.base import Registry
 
 logger = logging.getLogger("tidegate.daemon")
@@ -355,7 +355,7 @@ class Daemon:
                 "errors": dict(self.last_errors),
                 "paused": self.paused,
                 "dry_run": self.dry_run,
-                "degraded": dict(getattr(self.metrics_source, "degraded", {}) or {}),
+                "degraded": dict(degraded_models(self.metrics_source)),
                 "providers": {name: h.to_json() for name, h in sorted(self.health.items())},
             }
             database, leader = self.health.get("database", Health()), self.health.get("leader", Health())
@@ -431,7 +431,7 @@ class Daemon:
                     "overrides": [o.id for o in overrides if o.model == name],
                     "last_decision": ({"id": self.controller.last_decision_ids.get(name), "at": d.at.isoformat(),
                                        "reason": d.reason, "actuate": d.actuate} if d else None),
-                    "degraded": (getattr(self.metrics_source, "degraded", {}) or {}).get(name),
+                    "degraded": degraded_models(self.metrics_source).get(name),
                 }
         return out
 

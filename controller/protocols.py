@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
-from controller.core.model import Action, ModelSignals, ModelSpec, PoolSpec, PoolState
+from controller.core.model import Action, ModelSignals, ModelSpec, PoolSpec, PoolState, Sample
 from controller.errors import PermanentProviderError, ProviderError, TransientProviderError  # re-exported
 
 
@@ -38,6 +38,34 @@ class MetricsSource(Protocol):
         """Signals per model name. ``pools`` in the returned signals may be empty: the capacity
         providers fill them in. Must not raise for missing data (return missing ``Sample``s)."""
         ...
+
+
+@runtime_checkable
+class ReportsDegradation(Protocol):
+    """A metrics source that can fall back to a poorer one (Triton's own metrics while Prometheus
+    is down) says, per model, why it is degraded. The core then never releases capacity for that
+    model. Optional: a source without it is never degraded."""
+
+    @property
+    def degraded(self) -> Mapping[str, str]:
+        """Model name -> why its signals come from the fallback; absent: not degraded."""
+        ...
+
+
+@runtime_checkable
+class MeasuresPower(Protocol):
+    """A metrics source that measures the GPU power of a model's serving GPUs (DCGM), which prices
+    on-prem energy (``controller.core.pricing``). Optional: without it the assumed power per GPU
+    of the ``onprem_cost`` settings is used."""
+
+    def power_kw(self, model: str) -> Mapping[str, Sample]:
+        """Pool name -> power (kW) of ``model``'s GPUs at the last observation; empty before it."""
+        ...
+
+
+def degraded_models(source: object) -> Mapping[str, str]:
+    """What ``source`` reports as degraded (:class:`ReportsDegradation`); nothing otherwise."""
+    return source.degraded if isinstance(source, ReportsDegradation) else {}
 
 
 @runtime_checkable

@@ -28,6 +28,7 @@ import tritonclient.http as triton_http  # type: ignore[import-untyped]
 from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
 
 from controller.core.model import ModelSignals, ModelSpec, Sample
+from controller.protocols import MeasuresPower
 
 log = logging.getLogger("tidegate.providers.triton")
 
@@ -291,8 +292,7 @@ class CombinedMetricsSource:
 
     def power_kw(self, model: str) -> Mapping[str, Sample]:
         """GPU power by pool from the primary source (Triton has no energy reading)."""
-        fn = getattr(self.primary, "power_kw", None)
-        return fn(model) if callable(fn) else {}
+        return self.primary.power_kw(model) if isinstance(self.primary, MeasuresPower) else {}
 
     def observe(self, models: Sequence[ModelSpec], now: datetime) -> Mapping[str, ModelSignals]:
         prim = self.primary.observe(models, now)

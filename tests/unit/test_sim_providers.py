@@ -637,3 +637,17 @@ def test_no_negative_or_inconsistent_values_ever(steps: list[tuple[float, str, s
     totals = world.totals("llama")
     assert 0 <= totals.served_requests <= totals.arrived_requests + 1e-6
     assert totals.arrived_requests - totals.served_requests == pytest.approx(totals.queue_depth, abs=1e-6)
+
+
+def test_the_real_metrics_sources_declare_the_optional_abilities_the_controller_uses() -> None:
+    """The controller reads degradation and GPU power only through the declared protocols: a
+    renamed attribute fails here instead of silently turning off the hold or the energy price."""
+    from controller.protocols import MeasuresPower, ReportsDegradation, degraded_models
+    from providers.prometheus import PrometheusMetricsSource
+    from providers.triton import CombinedMetricsSource
+
+    assert issubclass(PrometheusMetricsSource, MeasuresPower)
+    combined = CombinedMetricsSource(object(), object())  # type: ignore[arg-type]
+    assert isinstance(combined, ReportsDegradation) and isinstance(combined, MeasuresPower)
+    assert degraded_models(combined) == {} and combined.power_kw("m") == {}  # a primary without power
+    assert degraded_models(object()) == {}  # a source that cannot degrade never is
