@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
-from importlib import metadata
 from typing import Any, ClassVar, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict
@@ -27,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from controller.core.model import ModelSignals, ModelSpec, Recommendation, ReplicaCapacity
 from controller.core.reasons import Reason
 from controller.errors import UnknownPolicyKind  # re-exported: raised here
+from controller.plugins import entry_point_kinds
 
 ENTRY_POINT_GROUP = "tidegate.policies"
 
@@ -116,15 +116,7 @@ class Registry:
     @classmethod
     def from_entry_points(cls, group: str = ENTRY_POINT_GROUP) -> "Registry":
         """Every kind installed under the entry point group, built-ins included."""
-        reg = cls()
-        for ep in metadata.entry_points(group=group):
-            kind = ep.load()
-            if not (isinstance(kind, type) and issubclass(kind, PolicyKind)):
-                raise TypeError(f"entry point {ep.name} = {ep.value} is not a PolicyKind subclass")
-            if kind.name != ep.name:
-                raise TypeError(f"entry point {ep.name} loads kind named {kind.name!r}")
-            reg.register(kind)
-        return reg
+        return cls(entry_point_kinds(group, PolicyKind, "kind"))
 
     def register(self, kind: type[PolicyKind]) -> None:
         if kind.name in self._kinds and self._kinds[kind.name] is not kind:

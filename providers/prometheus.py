@@ -49,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from requests.adapters import Retry
 
 from controller.core.model import ModelSignals, ModelSpec, Sample
-from controller.core.signals import queried_signals, signal
+from controller.core.signals import NOT_CONFIGURED, queried_signals, signal
 
 log = logging.getLogger("tidegate.providers.prometheus")
 
@@ -68,7 +68,7 @@ class Code(str, enum.Enum):
     INVALID_JSON = "InvalidJSON"
     BAD_RESPONSE = "BadResponse"
     QUERY_ERROR = "QueryError"
-    NOT_CONFIGURED = "NotConfigured"
+    NOT_CONFIGURED = NOT_CONFIGURED
     NO_REQUESTS = "NoRequests"
     PARTIAL = "Partial"
     NO_VALID_POOL = "NoValidPool"

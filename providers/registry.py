@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 from pydantic import BaseModel
 
 from controller.core.model import Tier
 from controller.errors import UnknownProvider  # re-exported: raised here
+from controller.plugins import entry_point_kinds
 
 ENTRY_POINT_GROUP = "tidegate.providers"
 
@@ -102,15 +102,7 @@ class ProviderRegistry:
     @classmethod
     def from_entry_points(cls, group: str = ENTRY_POINT_GROUP) -> "ProviderRegistry":
         """Every kind installed under the entry point group, built-ins included."""
-        reg = cls()
-        for ep in metadata.entry_points(group=group):
-            kind = ep.load()
-            if not (isinstance(kind, type) and issubclass(kind, PoolProviderKind)):
-                raise TypeError(f"entry point {ep.name} = {ep.value} is not a PoolProviderKind subclass")
-            if kind.name != ep.name:
-                raise TypeError(f"entry point {ep.name} loads provider named {kind.name!r}")
-            reg.register(kind)
-        return reg
+        return cls(entry_point_kinds(group, PoolProviderKind, "provider"))
 
     def register(self, kind: type[PoolProviderKind]) -> None:
         old = self._kinds.get(kind.name)

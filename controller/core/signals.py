@@ -94,7 +94,11 @@ class Signal:
     idle pool (rate 0) into ``NoRequests``."""
 
 
-NOT_MEASURED_REASONS = frozenset({"NotConfigured", "NotSimulated"})
+NOT_CONFIGURED = "NotConfigured"
+"""A source's reason for a signal whose query is turned off."""
+NOT_SIMULATED = "NotSimulated"
+"""A simulated world's reason for a signal it does not model."""
+NOT_MEASURED_REASONS = frozenset({NOT_CONFIGURED, NOT_SIMULATED})
 """Reasons a source gives for a signal it does not measure by design (its query turned off, a
 simulated world without it). The decision core still sees such a sample as missing; the daemon's
 ``tidegate_signal_missing`` leaves it out, so the ``TidegateSignalMissing`` alert pages only for

@@ -61,6 +61,7 @@ from controller.config import DaemonConfig, SimulatedProviders
 from controller.core.model import (
     Action, ActionStatus, ModelSignals, ModelSpec, PoolSpec, PoolState, Sample,
 )
+from controller.core.signals import NOT_SIMULATED
 from controller.protocols import Clock, PermanentProviderError, PoolProvider, ProviderError
 from providers.sim.fleet import PoolFleet
 from providers.sim.load import LoadCurve, LoadShape
@@ -337,7 +338,7 @@ class SimWorld:
             request_rate_per_s=Sample(lam, now),
             output_tokens_per_s=Sample(out_tps, now),
             input_tokens_per_s=Sample(in_tps, now),
-            kv_cache_utilization_pct=Sample.missing("NotSimulated", now),
+            kv_cache_utilization_pct=Sample.missing(NOT_SIMULATED, now),
             # Cost per token is not measured (Prometheus does not either): the daemon prices it
             # (controller.core.pricing) from the pool states and the token rate above.
             cost_per_million_tokens_usd=Sample.missing("NotMeasured: priced by the daemon", now),

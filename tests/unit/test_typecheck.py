@@ -20,7 +20,7 @@ CHECKED = [
     "providers/sim", "providers/clock.py", "providers/prometheus.py", "providers/triton.py",
     "tests/integration/exporters.py", "controller/sim",
     "providers/base.py", "providers/cloudpool.py", "providers/kubernetes.py", "providers/aws.py", "providers/gcp.py",
-    "providers/leader.py", "providers/real.py", "providers/wiring.py", "providers/registry.py", "deploy/helm/gen_schema.py", "controller/errors.py",
+    "providers/leader.py", "providers/real.py", "providers/wiring.py", "providers/registry.py", "deploy/helm/gen_schema.py", "controller/errors.py", "controller/plugins.py",
 ]
 
 
