@@ -40,6 +40,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from controller import ui
 from controller.auth import Principal, TokenAuth
 from controller.config import ApiConfig
 from controller.core.model import OverrideKind
@@ -115,6 +116,18 @@ class OverrideIn(BaseModel):
         if k is OverrideKindIn.drain_pool and not self.pool:
             raise ValueError("drain-pool needs pool")
         return self
+
+
+class ReplayIn(BaseModel):
+    """A counterfactual replay: the decision log's window under another policy (``controller.replay``)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    since: datetime = Field(alias="from", description="Window start, ISO-8601 with a timezone, inclusive.")
+    until: datetime = Field(alias="to", description="Window end, ISO-8601 with a timezone, exclusive.")
+    policy: str = Field(min_length=1, pattern=_NO_NUL, description="The policy file's YAML text.")
+    policy_file: str = Field("policy.yaml", max_length=253, description="Its name, for error lines.")
+    model: str | None = Field(None, max_length=253, description="Which model's policy in the file (if several).")
 
 
 class ControlIn(BaseModel):
@@ -203,9 +216,12 @@ class _Guard:
         close = {"Connection": "close"} if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers else {}
         if not self.is_open(scope["path"]):
             who = self.auth.from_header(headers.get("authorization"))
+            why = ""
+            if who is None and "authorization" not in headers:  # the status page's cookie (controller/ui.py)
+                who, why = ui.cookie_principal(self.auth, headers, scope["method"])
             if who is None:
-                detail = ("missing bearer token" if "authorization" not in headers
-                          else "invalid token (expected `Authorization: Bearer <token>`)")
+                detail = why or ("missing bearer token" if "authorization" not in headers
+                                 else "invalid token (expected `Authorization: Bearer <token>`)")
                 await problem_response(401, detail, headers={"WWW-Authenticate": "Bearer", **close})(scope, receive, send)
                 return
             scope.setdefault("state", {})["principal"] = who
@@ -269,7 +285,7 @@ def create_app(daemon: "Daemon", auth: TokenAuth, api: ApiConfig | None = None) 
     write_lock = threading.Lock()
 
     def is_open(path: str) -> bool:
-        if path in OPEN_PATHS:
+        if path in OPEN_PATHS or (api.ui and ui.is_open(path)):
             return True
         docs = path in DOCS_PATHS or path.startswith(DOCS_ASSETS + "/")
         return api.docs and docs and not api.docs_require_token
@@ -336,7 +352,16 @@ def create_app(daemon: "Daemon", auth: TokenAuth, api: ApiConfig | None = None) 
                 raise _unprocessable(["query", name], "timestamp out of range once converted to UTC") from None
         rows = daemon.repo.list_decisions(model=model, since=since, until=until, limit=limit, before_id=before_id)
         nxt = rows[-1]["id"] if len(rows) == limit else None
-        return {"items": rows, "next_before_id": nxt}
+        out: dict[str, Any] = {"items": rows, "next_before_id": nxt}
+        if since is not None:  # the part of the range older than the full decisions: hourly rollups
+            oldest = daemon.repo.oldest_decision_at(model)
+            if oldest is None or since < oldest:
+                end = until if until is not None and (oldest is None or until < oldest) else oldest
+                out["rollups"] = daemon.repo.list_rollups(model=model, since=since, until=end, limit=limit)
+                out["full_decisions_since"] = oldest.isoformat() if oldest is not None else None
+                out["note"] = ("decisions before full_decisions_since are kept only as hourly rollups "
+                               f"(database.retention.full_days: {daemon.config.database.retention.full_days:g})")
+        return out
 
     @app.get("/v1/decisions/{decision_id}", responses=_problems(401, 404, 422))
     def decision(decision_id: Id, _: Viewer) -> dict[str, Any]:
@@ -416,6 +441,45 @@ def create_app(daemon: "Daemon", auth: TokenAuth, api: ApiConfig | None = None) 
     def audit(_: Viewer, limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
         return {"items": daemon.repo.list_audit(limit)}
 
+    @app.get("/v1/shadow", responses=_problems(401, 422))
+    def shadow(_: Viewer, since: str = Query("7d", max_length=64, description="A duration back from now (7d, 12h) "
+                                               "or an ISO-8601 instant with a timezone.")) -> dict[str, Any]:
+        """Per model in shadow mode: what it would have cost and where it would have fallen short,
+        beside what ran (``controller.shadow``)."""
+        from controller.shadow import report
+        from controller.timespec import parse_when
+
+        now = daemon.clock.now()
+        try:
+            start = parse_when(since, now)
+        except ValueError as e:
+            raise _unprocessable(["query", "since"], str(e)) from None
+        policies = daemon.policy_store.policies()
+        targets = {m: p.spec.slo.p99_latency_ms for m, p in policies.items()}
+        # until just past now: the decision of this very instant is in the window
+        return report(daemon.repo, models=daemon.models, pools=daemon.pools, p99_targets=targets, since=start,
+                      until=now + timedelta(seconds=1))
+
+    @app.post("/v1/replay", responses=_problems(400, 401, 413, 422))
+    def replay(body: ReplayIn, _: Viewer) -> dict[str, Any]:
+        from controller.errors import UserError
+        from controller.replay import run_replay
+        from policies.base import Registry
+
+        for name, value in (("from", body.since), ("to", body.until)):
+            if value.tzinfo is None:
+                raise _unprocessable(["body", name], "timestamp needs a timezone (e.g. Z or +00:00)")
+            try:
+                value.astimezone(timezone.utc)
+            except OverflowError:
+                raise _unprocessable(["body", name], "timestamp out of range once converted to UTC") from None
+        try:
+            return run_replay(daemon.repo, models=daemon.models, pools=daemon.pools, registry=Registry.from_entry_points(),
+                              policy_file=body.policy_file, policy_text=body.policy, since=body.since,
+                              until=body.until, model=body.model)
+        except UserError as e:
+            raise _unprocessable(["body", "policy"], str(e)) from None
+
     if api.docs:
         app.mount(DOCS_ASSETS, StaticFiles(directory=_docs_assets_dir()), name="docs-assets")
 
@@ -429,6 +493,8 @@ def create_app(daemon: "Daemon", auth: TokenAuth, api: ApiConfig | None = None) 
                 swagger_ui_parameters={"validatorUrl": None},  # never ask validator.swagger.io
             )
 
+    if api.ui:
+        ui.install(app, daemon, auth, _problems)
     _install_error_handlers(app)
     _install_openapi(app)
     return app

@@ -7,8 +7,12 @@
     tidegate config validate FILE [--connect]  check a daemon config (and reach its database, Prometheus)
     tidegate config schema                     JSON Schema of the daemon config
     tidegate db upgrade (--config FILE | --url URL)
-    tidegate decisions (--config FILE | --url URL) [--model M] [--limit N] [--json]
+    tidegate decisions (--config FILE | --url URL) [--model M] [--limit N] [--rollups] [--json]
     tidegate simulate ...                      replay traces (see ``tidegate simulate --help``)
+    tidegate status | why | override | pause | resume | policies | replay | report
+                                               a running daemon (controller.live)
+    tidegate completion bash|zsh               shell completion script
+    tidegate import (hpa|keda) FILE|- [--object]  print the policy equivalent to an HPA or a KEDA ScaledObject
 
 A mistake a person can fix (a busy port, a missing folder, a bad database URL...) is one line on
 stderr, ``tidegate: error: WHAT (WHERE); FIX``, and a non-zero exit; ``tidegate --debug ...`` also
@@ -26,7 +30,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from controller import __version__
 from controller.errors import UserError
@@ -86,10 +90,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_validate(args: argparse.Namespace) -> int:
-    from controller.policyfile import validate_files
+    from controller.policyfile import load_policy_files, validate_files
     from policies.base import Registry
 
-    return validate_files([Path(p) for p in args.files], Registry.from_entry_points(), sys.stdout)
+    registry = Registry.from_entry_points()
+    if not args.json:
+        return validate_files([Path(p) for p in args.files], registry, sys.stdout)
+    paths = []
+    for arg in args.files:
+        result = load_policy_files(Path(arg), registry)
+        paths.append({"path": arg, "ok": not result.errors, "errors": [e.to_dict() for e in result.errors],
+                      "models": {m: p.version for m, p in sorted(result.policies.items())}})
+    print(json.dumps({"ok": all(p["ok"] for p in paths), "paths": paths}, indent=2))
+    return 0 if all(p["ok"] for p in paths) else 1
 
 
 def cmd_policy_schema(args: argparse.Namespace) -> int:
@@ -108,6 +121,10 @@ def cmd_config_validate(args: argparse.Namespace) -> int:
         problems = preflight(cfg, connect=args.connect) + policy_problems(cfg)
     except ConfigError as e:
         problems = str(e).splitlines()
+    if args.json:
+        print(json.dumps({"file": args.file, "ok": not problems, "connected": bool(args.connect and not problems),
+                          "problems": problems}, indent=2))
+        return 1 if problems else 0
     if problems:
         found = UserError("\n".join(problems))
         found.exit_code = 1
@@ -144,9 +161,14 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     repo = open_log(url, source)
     try:
         with database_errors(url, source):
+            if args.rollups:
+                return _print_rollups(repo.list_rollups(model=args.model, limit=args.limit or 1000), args)
             rows = list(repo.all_decisions(model=args.model, limit=args.limit or None))
+            rolled = repo.list_rollups(model=args.model, limit=1)
     finally:
         repo.close()
+    if rolled and not args.json:
+        print(f"(decisions before {rolled[0]['until']} are kept as hourly rollups: add --rollups)")
     if args.json:
         json.dump(rows, sys.stdout, indent=None if args.compact else 2, default=str)
         print()
@@ -157,6 +179,21 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     for r in rows:
         cells = " ".join(f"{r['placement'].get(p, 0):>14}" for p in pools)
         print(f"{r['id']:>6} {r['at'][:25]:<25} {r['model'][:16]:<16} {r['current_replicas']:>4} {r['replicas']:>4} {cells}  {r['reason']}")
+    return 0
+
+
+def _print_rollups(rows: list[dict[str, Any]], args: argparse.Namespace) -> int:
+    """Hourly rollups of decisions older than the retention period, newest first."""
+    if args.json:
+        json.dump(rows, sys.stdout, indent=None if args.compact else 2, default=str)
+        print()
+        return 0
+    print(f"{'hour':<25} {'model':<16} {'n':>5} {'min':>4} {'max':>4} {'last':>4} {'$/h mean':>9}  reasons")
+    for r in rows:
+        reasons = ",".join(f"{k}={n}" for k, n in r["reasons"].items())
+        rep = r["replicas"]
+        print(f"{r['hour'][:25]:<25} {r['model'][:16]:<16} {r['decisions']:>5} {rep['min']:>4} {rep['max']:>4} "
+              f"{rep['last']:>4} {r['cost_per_hour_mean_usd']:>9.2f}  {reasons}")
     return 0
 
 
@@ -200,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     pol = sub.add_parser("policy", help="policy files").add_subparsers(dest="policy_command", required=True)
     pv = pol.add_parser("validate", help="validate policy files")
     pv.add_argument("files", nargs="+", metavar="PATH", help="policy files or directories, each checked on its own")
+    pv.add_argument("--json", action="store_true", help="print {ok, paths: [{path, ok, errors, models}]}")
     pv.set_defaults(func=cmd_policy_validate)
     pol.add_parser("schema", help="print the JSON Schema").set_defaults(func=cmd_policy_schema)
 
@@ -207,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     cv = cfg.add_parser("validate", help="validate a daemon config file")
     cv.add_argument("file")
     cv.add_argument("--connect", action="store_true", help="also connect to the database and query Prometheus")
+    cv.add_argument("--json", action="store_true", help="print {file, ok, connected, problems}")
     cv.set_defaults(func=cmd_config_validate)
     cfg.add_parser("schema", help="print the JSON Schema").set_defaults(func=cmd_config_schema)
 
@@ -225,10 +264,31 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--limit", type=_positive_int, default=0, help="only the newest N (only those are read)")
     dec.add_argument("--json", action="store_true")
     dec.add_argument("--compact", action="store_true", help="with --json: one line")
+    dec.add_argument("--rollups", action="store_true",
+                     help="the hourly rollups of decisions older than database.retention.full_days instead")
     dec.set_defaults(func=cmd_decisions)
 
     sub.add_parser("simulate", help="replay traces through policies and baselines", add_help=False)
+
+    from controller.live import add_commands  # the commands over a running daemon's admin API
+
+    add_commands(sub)
+    comp = sub.add_parser("completion", help="print a shell completion script: eval \"$(tidegate completion bash)\"")
+    comp.add_argument("shell", choices=["bash", "zsh"])
+    comp.set_defaults(func=cmd_completion)
+    imp = sub.add_parser("import", help="print the policy equivalent to an HPA or a KEDA ScaledObject")
+    imp.add_argument("source", choices=["hpa", "keda"], help="hpa: autoscaling/v2 HorizontalPodAutoscaler; keda: keda.sh/v1alpha1 ScaledObject")
+    imp.add_argument("file", help="the manifest (YAML), or - for stdin")
+    imp.add_argument("--object", action="store_true", help="print a tidegate.dev/v1alpha1 ScalingPolicy object (kubectl apply) instead of a policy file")
+    imp.set_defaults(func=cmd_import)
     return p
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from controller.completion import script
+
+    print(script(build_parser(), args.shell))
+    return 0
 
 
 def _positive_int(text: str) -> int:
@@ -236,6 +296,20 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text}")
     return value
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from controller.importer import IMPORTERS
+
+    if args.file == "-":
+        text, source = sys.stdin.read(), "<stdin>"
+    else:
+        try:
+            text, source = Path(args.file).read_text(encoding="utf-8"), args.file
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"cannot read {args.file}: {getattr(e, 'strerror', None) or e}; give a readable YAML file or -") from None
+    sys.stdout.write(IMPORTERS[args.source](text, source, as_object=args.object))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

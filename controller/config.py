@@ -12,10 +12,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
+from controller.core.capacity import for_mix
 from controller.core.model import ModelSpec, PoolSpec, ReplicaCapacity, Tier
+from controller.core.spec import Mode
 from controller.policyfile import PolicyLimits
 from providers.aws import AwsPoolSettings
 from providers.gcp import GcpPoolSettings
+from providers.karpenter import KarpenterPoolSettings
 from providers.leader import LeaderElectionSettings
 from providers.real import RealSettings  # the real providers' settings schema
 from providers.registry import ProviderRegistry, installed, split_legacy_kind
@@ -47,6 +50,7 @@ class PoolConfig(_Strict):
     kubernetes: KubernetesPool = Field(default_factory=KubernetesPool, description="Node selector and tolerations of the pool inside the cluster.")
     aws: AwsPoolSettings | None = Field(None, description="The pool's Auto Scaling group: required for provider aws with real providers.")
     gcp: GcpPoolSettings | None = Field(None, description="The pool's managed instance group: required for provider gcp with real providers.")
+    karpenter: KarpenterPoolSettings | None = Field(None, description="The pool's Karpenter NodePool: required for provider karpenter with real providers.")
 
     @model_validator(mode="after")
     def _tier_and_provider(self) -> "PoolConfig":
@@ -79,8 +83,26 @@ class PoolConfig(_Strict):
 
 
 class CapacityProfile(_Strict):
-    output_tokens_per_s: float = Field(gt=0, description="Output tokens per second one replica sustains at the SLO on this GPU type.")
-    requests_per_s: float = Field(gt=0, description="Requests per second one replica sustains at the SLO on this GPU type.")
+    output_tokens_per_s: float | None = Field(None, gt=0, description="Output tokens per second one replica sustains at the SLO on this GPU type, for one token mix. Optional with prefill_tokens_per_s and decode_tokens_per_s (then derived for a 1000-prompt / 250-output mix).")
+    requests_per_s: float | None = Field(None, gt=0, description="Requests per second one replica sustains at the SLO on this GPU type, for one token mix. Optional with prefill_tokens_per_s and decode_tokens_per_s.")
+    prefill_tokens_per_s: float | None = Field(None, gt=0, description="Prompt tokens per second one replica prefills at the SLO doing nothing else. With decode_tokens_per_s: the capacity for whatever token mix is observed (a request costs prompt/prefill + output/decode replica-seconds), corrected online (spec.capacity in the policy).")
+    decode_tokens_per_s: float | None = Field(None, gt=0, description="Output tokens per second one replica generates at the SLO doing nothing else (see prefill_tokens_per_s).")
+
+    @model_validator(mode="after")
+    def _one_way_or_the_other(self) -> "CapacityProfile":
+        mix_free = (self.prefill_tokens_per_s is not None, self.decode_tokens_per_s is not None)
+        fixed = (self.output_tokens_per_s is not None, self.requests_per_s is not None)
+        if mix_free[0] != mix_free[1]:
+            raise ValueError("give prefill_tokens_per_s and decode_tokens_per_s together")
+        if not all(mix_free) and not all(fixed):
+            raise ValueError("give output_tokens_per_s and requests_per_s, or prefill_tokens_per_s and decode_tokens_per_s")
+        return self
+
+    def to_capacity(self) -> ReplicaCapacity:
+        if self.output_tokens_per_s is not None and self.requests_per_s is not None:
+            return ReplicaCapacity(self.output_tokens_per_s, self.requests_per_s, self.prefill_tokens_per_s,
+                                   self.decode_tokens_per_s)
+        return for_mix(ReplicaCapacity(0.0, 0.0, self.prefill_tokens_per_s, self.decode_tokens_per_s), None)
 
 
 class DeploymentRef(_Strict):
@@ -110,14 +132,26 @@ class ModelConfig(_Strict):
         return ModelSpec(
             name=self.name, tp_degree=self.tp_degree, quantization=self.quantization,
             gpu_types=tuple(self.gpu_types), cold_start_s=self.cold_start_s,
-            capacity={g: ReplicaCapacity(c.output_tokens_per_s, c.requests_per_s) for g, c in self.capacity.items()},
+            capacity={g: c.to_capacity() for g, c in self.capacity.items()},
             pools=tuple(self.deployments),
         )
+
+
+class RetentionConfig(_Strict):
+    """How long the decision log keeps full decisions, and the job that compacts older ones."""
+
+    enabled: bool = Field(True, description="Run the retention job (on every daemon; a PostgreSQL lock or SQLite's single writer lets one compact at a time).")
+    full_days: float = Field(14, gt=0, le=3650, description="Keep full decisions this many days; older ones are compacted into one row per model and hour (replicas per pool, cost, signal summaries, counts by reason and outcome) and deleted.")
+    interval_s: float = Field(300, gt=0, description="Seconds between runs of the retention job (wall clock).")
+    batch: int = Field(500, ge=1, le=100_000, description="Decisions compacted per transaction: each batch holds the log's write lock briefly, so ticks are never blocked for long.")
+    max_batches: int = Field(200, ge=1, description="Most batches per run (the rest waits for the next run).")
 
 
 class DatabaseConfig(_Strict):
     url: str = Field("sqlite:///tidegate.db", description="SQLAlchemy URL: sqlite:///PATH (embedded default) or postgresql+psycopg://user@host/db.")
     echo: bool = Field(False, description="Log every SQL statement (debugging).")
+    journal_path: Path | None = Field(None, description="Local journal (JSON lines, fsync'd) for the decisions the database cannot take while it is away: the daemon then acts on scale-ups only and replays the journal, in order and once, when the database returns. Put it on a volume of its own (the chart mounts one). null (the default outside the chart): no journal; with the database away the daemon acts on nothing.")
+    retention: RetentionConfig = Field(default_factory=RetentionConfig, description="Retention of full decisions and hourly rollups.")
 
 
 class TokenSource(_Strict):
@@ -133,6 +167,7 @@ class ApiConfig(_Strict):
     viewer_tokens: TokenSource = Field(default_factory=lambda: TokenSource(env="TIDEGATE_VIEWER_TOKENS"), description="Where viewer bearer tokens come from.")
     max_body_bytes: int = Field(65536, ge=1024, le=16 * 1024 * 1024, description="Largest request body accepted, bytes; a larger one is answered 413 before it is read or parsed (also for chunked bodies without Content-Length).")
     docs: bool = Field(True, description="Serve the Swagger UI at /docs (its assets come from the daemon itself, never a CDN) and the OpenAPI document at /openapi.json.")
+    ui: bool = Field(True, description="Serve the status page at /ui (fleet, timeline, decisions, overrides, policies, shadow report; no external assets). It asks for a viewer or admin token once and keeps it in an HttpOnly, SameSite=Strict cookie.")
     docs_require_token: bool = Field(False, description="Whether /docs, its assets and /openapi.json need a viewer or admin token. Off by default: the document describes the open-source API and no state; a browser cannot send a bearer token to open /docs.")
 
 
@@ -184,6 +219,7 @@ class DaemonConfig(_Strict):
     policies_dir: Path = Field(Path("policies"), description="Directory of ScalingPolicy YAML files, watched for changes (relative paths are relative to the config file).")
     policy_max_file_bytes: int = Field(PolicyLimits().max_file_bytes, ge=1024, le=_POLICY_FILE_CEILING_BYTES, description=f"Largest policy file read, bytes (at most {_POLICY_FILE_CEILING_BYTES}): a larger file is refused with an error naming it, after reading one byte more than this.")
     dry_run: bool = Field(False, description="Decide and record, never call a provider to act.")
+    mode: Mode = Field(Mode.ACTIVE, description="shadow: every model in shadow mode, whatever its policy says (observe, decide as if in charge, never act, record both; see a policy's spec.mode).")
     database: DatabaseConfig = Field(default_factory=DatabaseConfig, description="The decision log (env TIDEGATE_DATABASE_URL overrides database.url).")
     api: ApiConfig = Field(default_factory=ApiConfig, description="The admin REST API and /metrics.")
     loop: LoopConfig = Field(default_factory=LoopConfig, description="Tick and reload intervals, backoff.")

@@ -20,13 +20,23 @@ A tick, in order:
    failure spares the others.
 4. **Act**: nodes per pool are summed over every model's newest placement (models do not share
    nodes); each model's pools are scaled growing ones first (make before break). A failed call is
-   logged with what it had already done (``partial``); in dry-run nothing is called.
-5. **Record**: the decision (with its signals) and its actions and outcome go to the recorder.
+   logged with what it had already done (``partial``); in dry-run no provider is called (this is
+   the only dry-run there is: providers have none of their own). A model in
+   shadow mode (its policy's ``mode: shadow`` or the daemon's) decided on a fleet of its own
+   (``controller.core.virtual``: its last placement in place of what runs) and is never acted on;
+   its decision is recorded with the signals as observed, outcome ``skipped``, ``SHADOW_DETAIL``.
+5. **Record**: intent before effect. Every model's decision (with its signals) is written as one
+   batch, outcome ``pending``, *before* the first provider call; the actions and outcomes of all
+   models follow as one more batch after the calls. A recorder that cannot reach its database
+   journals the intents locally (``RecordedIntents.journaled``): the tick then acts only on pools
+   that grow (capacity it released without a record could not be accounted for). A recorder that
+   can store nothing raises: the tick acts on nothing.
 
-The recorder has two writes per decision, ``decision`` (outcome ``pending``) and ``outcome``. Both
-happen after the model's provider calls today (the order the daemon has always had); the split is
-there so that the decision (the intent) can move before the calls, and a tick's writes can be
-batched, without changing the recorder's shape.
+On the first tick (and after ``forget_history()``), before history is rebuilt, decisions left
+``pending`` by a daemon that died between its intent and its outcome are reconciled against what
+the providers report now (``reconcile``): applied, partly applied or not applied. The recorder
+stores the result and corrects the recorded scale step to what was applied, so the rebuilt
+stabilization window and rate-limit history count every step that reached the cluster.
 """
 
 from __future__ import annotations
@@ -34,8 +44,8 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field, replace
-from datetime import datetime
-from typing import Callable, Mapping, Protocol, Sequence
+from datetime import datetime, timedelta
+from typing import Callable, Collection, Mapping, Protocol, Sequence
 
 from controller.core.model import (
     Action,
@@ -52,38 +62,96 @@ from controller.core.pipeline import decide as pipeline_decide
 from controller.core.policy import EffectivePolicy
 from controller.core.pricing import OnPremCost, with_cost
 from controller.core.reasons import Reason
+from controller.core.spec import Mode
+from controller.core.virtual import shadow_signals
 from controller.errors import ProviderError
 from controller.logs import log
-from controller.protocols import Clock, MeasuresPower, MetricsSource, PoolProvider, PriceSource, degraded_models
+from controller.protocols import (
+    Clock, EvaluatesQueries, MeasuresPower, MetricsSource, PoolProvider, PriceSource, degraded_models,
+)
 
 logger = logging.getLogger("tidegate.controller")
 
+SHADOW_DETAIL = "shadow mode: decided as if in charge, not acting"
+"""The outcome detail of a shadow decision (outcome ``skipped``): ``controller.shadow`` finds them by it."""
+
 DEFAULT_HISTORY_HORIZON_S = 1800.0
 """How far back history is rebuilt for a model without a policy yet (30 min)."""
+
+HELD = "database unavailable: pools held, not released"
+"""Outcome detail of a decision acted on from the journal only: the pools that would not grow."""
 
 DecisionFunction = Callable[..., Decision]
 """Called with the keyword arguments of ``controller.core.pipeline.decide`` (``model``, ``pools``,
 ``signals``, ``policy``, ``history``, ``overrides``, ``now``, ``paused``); returns a ``Decision``."""
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What came of one recorded intent: the calls made and the outcome (``controller.db.models.
+    OUTCOMES``). ``applied_replicas``: set by reconciliation only, the total replicas found applied
+    (the recorder corrects the decision's scale step to it)."""
+
+    decision_id: int
+    actions: Sequence[Action]
+    outcome: str
+    detail: str | None = None
+    applied_replicas: int | None = None
+
+
+@dataclass(frozen=True)
+class RecordedIntents:
+    """Ids of a tick's intents, in the order given. ``journaled``: the database could not take
+    them and they wait in the recorder's local journal (to be replayed when it returns), so only
+    growing pools may be acted on."""
+
+    ids: Sequence[int]
+    journaled: bool = False
+
+
+@dataclass(frozen=True)
+class PendingIntent:
+    """A recorded intent with no outcome: its daemon died (or lost the database) between the
+    intent and the outcome."""
+
+    decision_id: int
+    model: str
+    at: datetime
+    placement: Mapping[str, int]
+    previous_placement: Mapping[str, int]
+    dry_run: bool
+
+
 class Recorder(Protocol):
     """Where decisions go and history comes from: the decision log (``controller.db.recorder``) for
-    the daemon, memory for the simulator."""
+    the daemon, memory for the simulator. Every method covers all the tick's models at once (one
+    query or one transaction)."""
 
-    def history(self, model: str, now: datetime, horizon_s: float) -> History:
-        """The model's history as the last decision before ``now`` left it, ``horizon_s`` back."""
+    def histories(self, horizons: Mapping[str, float], now: datetime) -> Mapping[str, History]:
+        """Each model's history as the last decision before ``now`` left it, ``horizons[model]``
+        seconds back."""
         ...
 
-    def overrides(self, model: str, now: datetime) -> Sequence[Override]:
-        """Operator overrides in force for ``model`` at ``now``."""
+    def overrides(self, now: datetime) -> Sequence[Override]:
+        """Operator overrides in force at ``now``, every model's."""
         ...
 
-    def decision(self, decision: Decision, signals: ModelSignals, dry_run: bool) -> int:
-        """Store one decision with its signals, outcome ``pending``; returns its id."""
+    def flush(self, now: datetime) -> bool:
+        """Write what the recorder holds locally (a journal of intents the database refused) to
+        its store; True when nothing is left waiting."""
         ...
 
-    def outcome(self, decision_id: int, actions: Sequence[Action], outcome: str, detail: str | None) -> None:
-        """Store the calls made for a decision and what came of them."""
+    def pending(self, models: Sequence[str], since: datetime) -> Sequence[PendingIntent]:
+        """Intents of these models made at or after ``since`` still ``pending`` (oldest first)."""
+        ...
+
+    def intents(self, items: Sequence[tuple[Decision, ModelSignals]], dry_run: bool) -> RecordedIntents:
+        """Store the tick's decisions with their signals, outcome ``pending``, durably, before any
+        call; raises when they can be stored nowhere."""
+        ...
+
+    def outcomes(self, items: Sequence[Outcome]) -> None:
+        """Store the calls made for the tick's decisions and what came of them."""
         ...
 
 
@@ -125,6 +193,8 @@ class TickReport:
     skipped: str | None = None
     transient_failures: int = 0
     """Provider calls that failed with a retryable error (the daemon backs off on them)."""
+    journaled: bool = False
+    """The tick's intents went to the local journal (the database could not take them)."""
 
     @property
     def ok(self) -> bool:
@@ -167,6 +237,7 @@ class Controller:
         onprem_cost: OnPremCost | None = None,
         listener: Listener | None = None,
         state_lock: threading.RLock | None = None,
+        shadow_all: bool = False,
     ) -> None:
         self.models = dict(models)
         self.pools = dict(pools)
@@ -186,27 +257,68 @@ class Controller:
         self.last_decisions: dict[str, Decision] = {}
         self.last_decision_ids: dict[str, int] = {}
         self.last_signals: dict[str, ModelSignals] = {}
+        self.shadow_all = shadow_all
+        """Every model in shadow mode (the daemon's ``mode: shadow``), whatever its policy says."""
         self.observed_once: set[str] = set()
         """Models that have had a decision past ``NotObservedYet`` (readiness waits for them)."""
         self._history_loaded = False
+        self._stale_history: set[str] = set()
+        self._last_overrides: list[Override] = []
 
     # ------------------------------------------------------------------ history
-    def forget_history(self) -> None:
-        """Rebuild history from the recorder at the next tick (after another daemon was leader)."""
-        self._history_loaded = False
+    def forget_history(self, models: Collection[str] | None = None) -> None:
+        """Rebuild history from the recorder at the next tick (after another daemon was leader),
+        for every model or only ``models`` (those this replica just took over from another)."""
+        if models is None:
+            self._history_loaded = False
+        else:
+            self._stale_history.update(models)
 
-    def _ensure_history(self, now: datetime) -> None:
-        if self._history_loaded:
+    def forget(self, models: Collection[str]) -> None:
+        """Drop the per-model state of ``models`` (another replica acts on them now)."""
+        with self.state_lock:
+            for name in models:
+                for state in (self.histories, self.last_decisions, self.last_decision_ids, self.last_signals):
+                    state.pop(name, None)  # type: ignore[attr-defined]
+                self.observed_once.discard(name)
+
+    def _ensure_history(self, signals: Mapping[str, ModelSignals], now: datetime) -> None:
+        """Reconcile pending intents with what was just observed, then rebuild every model's
+        history in one read (first tick, or after ``forget_history()``; only the models in
+        ``forget_history(models)`` when a sharded replica gained them)."""
+        if self._history_loaded and not self._stale_history:
             return
+        names = [n for n in self.models if n in signals and (not self._history_loaded or n in self._stale_history)]
         policies = self.policies()
-        for name in self.models:
-            self.histories[name] = self.recorder.history(name, now, history_horizon_s(policies.get(name)))
+        horizons = {name: history_horizon_s(policies.get(name)) for name in names}
+        self.recorder.flush(now)  # a journal's intents first: they may be the pending ones
+        self.reconcile(signals, now - timedelta(seconds=max(horizons.values(), default=0.0)))
+        self.histories.update(self.recorder.histories(horizons, now))
         self._history_loaded = True
+        self._stale_history.clear()
+
+    def reconcile(self, signals: Mapping[str, ModelSignals], since: datetime) -> list[Outcome]:
+        """Settle the intents left ``pending`` since ``since`` (a daemon killed between its intent
+        and its outcome) against the pools' observed replicas; returns what was recorded. Older
+        ones no longer weigh on any window or rate limit: they stay ``pending``."""
+        found = []
+        for p in self.recorder.pending([m for m in self.models if m in signals], since):
+            outcome = reconcile_intent(p, signals.get(p.model))
+            found.append(outcome)
+            log(logger, logging.WARNING, "pending decision reconciled", model=p.model, decision_id=p.decision_id,
+                outcome=outcome.outcome, detail=outcome.detail, applied_replicas=outcome.applied_replicas)
+        if found:
+            self.recorder.outcomes(found)
+        return found
 
     # ------------------------------------------------------------------ observe
-    def observe(self, now: datetime) -> dict[str, ModelSignals]:
-        """Every model's signals with its pools' states, live prices and cost filled in."""
-        specs = list(self.models.values())
+    def observe(self, now: datetime, models: Collection[str] | None = None) -> dict[str, ModelSignals]:
+        """Every model's (or ``models``') signals with its pools' states, live prices and cost filled in."""
+        chosen = self.models if models is None else {n: self.models[n] for n in models}
+        specs = list(chosen.values())
+        if isinstance(self.metrics_source, EvaluatesQueries):  # the PromQL the rules need this tick
+            self.metrics_source.set_queries({n: tuple(q for r in p.rules for q in r.queries())
+                                             for n, p in self.policies().items() if n in chosen})
         try:
             raw = dict(self.metrics_source.observe(specs, now))
             self.listener.component("metrics", None, now)
@@ -217,11 +329,11 @@ class Controller:
         prices = self._prices(now)
         degraded_all = degraded_models(self.metrics_source)
         out: dict[str, ModelSignals] = {}
-        for name, model in self.models.items():
+        for name, model in chosen.items():
             sig = raw.get(name) or ModelSignals(model=name, at=now)
             states = {pool_name: self._pool_state(model, pool_name, prices, now) for pool_name in model.pools}
             sig = ModelSignals(sig.model, sig.at, samples=sig.samples, pools=states,
-                               degraded=degraded_all.get(name) or sig.degraded)
+                               degraded=degraded_all.get(name) or sig.degraded, queries=sig.queries)
             # Prometheus knows tokens and power, providers know replicas and prices: the pricing
             # module prices the pools (the budget stage uses these prices) and the cost per token.
             sig = self._with_cost(sig, model, now)
@@ -265,15 +377,20 @@ class Controller:
 
     # ------------------------------------------------------------------ decide
     def _decide(self, name: str, model: ModelSpec, signals: ModelSignals, policies: Mapping[str, EffectivePolicy],
-                now: datetime, paused: bool, report: TickReport) -> Decision | None:
+                overrides: Mapping[str, Sequence[Override]], now: datetime, paused: bool,
+                report: TickReport) -> Decision | None:
         policy = policies.get(name)
         if policy is None and self.policy_required:
             report.errors[name] = "no valid policy for this model"
             return None
+        if self.is_shadow(policy):
+            # As if in charge: tidegate's own fleet (its last placement) in place of what runs.
+            last = self.last_decisions.get(name)
+            signals = shadow_signals(signals, None if last is None else last.placement)
         try:
             decision = self.decide(
                 model=model, pools=self.pools, signals=signals, policy=policy,
-                history=self.histories.get(name, History()), overrides=self.recorder.overrides(name, now),
+                history=self.histories.get(name, History()), overrides=overrides.get(name, ()),
                 now=now, paused=paused,
             )
         except Exception as e:  # noqa: BLE001 - isolate models from each other
@@ -283,6 +400,10 @@ class Controller:
         if decision.reason != Reason.NOT_OBSERVED_YET.value:
             self.observed_once.add(name)
         return decision
+
+    def is_shadow(self, policy: EffectivePolicy | None) -> bool:
+        """Shadow mode: decide as if in charge, never act (the daemon's mode or the policy's)."""
+        return self.shadow_all or (policy is not None and policy.spec.mode is Mode.SHADOW)
 
     # ------------------------------------------------------------------ act
     def pool_nodes(self, placements: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
@@ -297,12 +418,20 @@ class Controller:
             nodes[pool_name] = max(nodes.get(pool_name, 0), pool.min_nodes)
         return nodes
 
-    def act(self, decision: Decision, nodes: Mapping[str, int], now: datetime) -> tuple[list[Action], str, str | None]:
+    def act(self, decision: Decision, nodes: Mapping[str, int], now: datetime, *,
+            grow_only: bool = False) -> tuple[list[Action], str, str | None]:
         """Apply one decision: ``(actions, outcome, detail)``, outcome one of ``skipped``,
-        ``dry-run``, ``applied``, ``partial``, ``failed``."""
+        ``dry-run``, ``applied``, ``partial``, ``failed``. ``grow_only`` (the intent is only in the
+        local journal): pools that would not grow are left as they are."""
         model = self.models[decision.model]
         if not decision.actuate:
             return [], "skipped", decision.reason
+        held = sorted(p for p, n in decision.placement.items() if n <= decision.previous_placement.get(p, 0)) \
+            if grow_only else []
+        if held:
+            decision = replace(decision, placement={p: n for p, n in decision.placement.items() if p not in held})
+            if not decision.placement:
+                return [], "skipped", f"{HELD}: {', '.join(held)}"
         # make before break: pools that grow first, then pools that shrink
         order = sorted(
             decision.placement,
@@ -316,8 +445,11 @@ class Controller:
             if provider is None:
                 continue
             if self.dry_run:
+                # the one place dry-run is implemented: no provider is called at all (providers
+                # have no dry-run of their own), so no provider can act in dry-run by mistake
                 actions.append(Action(provider="dry-run", call="scale", pool=pool_name, model=model.name,
-                                      arguments={"replicas": want, "nodes": nodes.get(pool_name, 0)},
+                                      arguments={"replicas": want, "nodes": nodes.get(pool_name, 0),
+                                                 "previous_replicas": decision.previous_placement.get(pool_name)},
                                       status=ActionStatus.DRY_RUN))
                 continue
             try:
@@ -343,43 +475,99 @@ class Controller:
         if failed:
             outcome = "failed" if len(failed) == len(order) else "partial"
             return actions, outcome, f"failed pools: {', '.join(sorted(set(failed)))}"
+        if held:
+            return actions, "partial", f"{HELD}: {', '.join(held)}"
         return actions, "applied", None
 
     # ------------------------------------------------------------------ tick
-    def tick(self, now: datetime | None = None, *, paused: bool = False) -> TickReport:
-        """One pass over all models at ``now`` (default: the clock's). ``paused``: decide (and
-        record) but act on nothing, as the core's pause stage says."""
+    def tick(self, now: datetime | None = None, *, paused: bool = False, models: Collection[str] | None = None,
+             others: Mapping[str, Mapping[str, int]] | None = None) -> TickReport:
+        """One pass over all models (or only ``models``: a sharded replica's) at ``now`` (default:
+        the clock's). ``paused``: decide (and record) but act on nothing, as the core's pause stage
+        says. ``others``: the latest placements of models another replica acts on (their nodes
+        count in the pools' node sums)."""
         now = self.clock.now() if now is None else now
         report = TickReport(at=now)
-        self._ensure_history(now)
-        signals = self.observe(now)
+        signals = self.observe(now, models)
+        try:
+            self._ensure_history(signals, now)
+            overrides = self._overrides(now)
+        except Exception as e:  # noqa: BLE001 - no history, no decision: nothing is acted on
+            logger.exception("history could not be read; nothing decided")
+            report.errors.update({name: f"history: {type(e).__name__}: {e}" for name in signals})
+            return report
         policies = self.policies()
         decisions: dict[str, Decision] = {}
-        for name, model in self.models.items():
-            decision = self._decide(name, model, signals[name], policies, now, paused, report)
+        for name in signals:
+            model = self.models[name]
+            decision = self._decide(name, model, signals[name], policies, overrides, now, paused, report)
             if decision is not None:
                 decisions[name] = decision
-        # nodes per pool from every model's newest placement
-        placements: dict[str, Mapping[str, int]] = {n: d.placement for n, d in decisions.items()}
-        for n, d in self.last_decisions.items():
-            placements.setdefault(n, d.placement)
-        nodes = self.pool_nodes(placements)
-        for name, decision in decisions.items():
-            self._act_and_record(decision, signals[name], nodes, now, report)
+        if not decisions:
+            return report
+        try:
+            recorded = self.recorder.intents([(d, signals[n]) for n, d in decisions.items()], self.dry_run)
+        except Exception as e:  # noqa: BLE001 - an intent stored nowhere is never acted on
+            logger.exception("decisions could not be recorded; nothing acted on")
+            report.errors.update({name: f"record: {type(e).__name__}: {e}" for name in decisions})
+            return report
+        ids = dict(zip(decisions, recorded.ids))
+        report.journaled = recorded.journaled
+        placements = self._placements(decisions, grow_only=recorded.journaled)
+        for n, p in (others or {}).items():  # models other replicas act on share the node groups
+            placements.setdefault(n, p)
+        shadows = {n for n in placements if self.is_shadow(policies.get(n))}  # never carried out
+        nodes = self.pool_nodes({n: p for n, p in placements.items() if n not in shadows})
+        outcomes = [Outcome(ids[name], [], "skipped", SHADOW_DETAIL) if name in shadows
+                    else self._act(decision, ids[name], nodes, now, report, grow_only=recorded.journaled)
+                    for name, decision in decisions.items()]
+        try:
+            self.recorder.outcomes(outcomes)
+        except Exception as e:  # noqa: BLE001 - the intents stay pending; the next start reconciles them
+            logger.exception("outcomes could not be recorded; the intents stay pending")
+            report.errors.update({name: f"record: {type(e).__name__}: {e}" for name in decisions})
+        for (name, decision), outcome in zip(decisions.items(), outcomes):
+            self._remember(decision, signals[name], ids[name], outcome, report)
         return report
 
-    def _act_and_record(self, decision: Decision, sig: ModelSignals, nodes: Mapping[str, int], now: datetime,
-                        report: TickReport) -> None:
-        name = decision.model
+    def _overrides(self, now: datetime) -> dict[str, list[Override]]:
+        """Every model's overrides, read once per tick; while the recorder cannot answer, the last
+        ones read stay in force (a pin must not lapse because the database is away)."""
         try:
-            actions, outcome, detail = self.act(decision, nodes, now)
-            report.transient_failures += sum(a.status is ActionStatus.FAILED_TRANSIENT for a in actions)
-            decision_id = self.recorder.decision(decision, sig, self.dry_run)
-            self.recorder.outcome(decision_id, actions, outcome, detail)
+            found = self.recorder.overrides(now)
+        except Exception as e:  # noqa: BLE001
+            log(logger, logging.WARNING, "overrides unreadable; the last ones read stay in force", error=str(e))
+            found = [o for o in self._last_overrides if o.expires_at is None or o.expires_at > now]
+        self._last_overrides = list(found)
+        out: dict[str, list[Override]] = {}
+        for o in found:
+            out.setdefault(o.model, []).append(o)
+        return out
+
+    def _placements(self, decisions: Mapping[str, Decision], *, grow_only: bool) -> dict[str, Mapping[str, int]]:
+        """Each model's newest placement, for the node sums; ``grow_only``: no pool below what it
+        had (nothing is released)."""
+        placements: dict[str, Mapping[str, int]] = {}
+        for n, d in decisions.items():
+            placements[n] = {p: max(r, d.previous_placement.get(p, 0)) for p, r in d.placement.items()} \
+                if grow_only else d.placement
+        for n, d in self.last_decisions.items():
+            placements.setdefault(n, d.placement)
+        return placements
+
+    def _act(self, decision: Decision, decision_id: int, nodes: Mapping[str, int], now: datetime,
+             report: TickReport, *, grow_only: bool) -> Outcome:
+        try:
+            actions, outcome, detail = self.act(decision, nodes, now, grow_only=grow_only)
         except Exception as e:  # noqa: BLE001 - the next model still gets its tick
-            logger.exception("act/record failed", extra={"fields": {"model": name}})
-            report.errors[name] = f"{type(e).__name__}: {e}"
-            return
+            logger.exception("act failed", extra={"fields": {"model": decision.model}})
+            return Outcome(decision_id, [], "failed", f"{type(e).__name__}: {e}")
+        report.transient_failures += sum(a.status is ActionStatus.FAILED_TRANSIENT for a in actions)
+        return Outcome(decision_id, actions, outcome, detail)
+
+    def _remember(self, decision: Decision, sig: ModelSignals, decision_id: int, outcome: Outcome,
+                  report: TickReport) -> None:
+        name = decision.model
         with self.state_lock:
             self.histories[name] = decision.history
             self.last_decisions[name] = decision
@@ -387,6 +575,36 @@ class Controller:
             self.last_signals[name] = sig
         report.decisions[name] = decision
         report.decision_ids[name] = decision_id
-        if outcome in ("failed", "partial"):
-            report.errors[name] = detail or outcome
-        self.listener.decided(decision, sig, outcome)
+        held = (outcome.detail or "").startswith(HELD)  # the journal's rule, not a failure
+        if outcome.outcome in ("failed", "partial") and not held and name not in report.errors:
+            report.errors[name] = outcome.detail or outcome.outcome
+        self.listener.decided(decision, sig, outcome.outcome)
+
+
+def reconcile_intent(intent: PendingIntent, observed: ModelSignals | None) -> Outcome:
+    """What became of a pending intent, judged by the pools' replicas now: every changed pool at
+    its target (``applied``), none moved (``failed``, not applied), or anything between or unknown
+    (``partial``, counted as applied where unknown: the conservative reading for rate limits)."""
+    if intent.dry_run:
+        return Outcome(intent.decision_id, [], "dry-run", "reconciled at start")
+    pools = observed.pools if observed is not None else {}
+    changed = [p for p, n in intent.placement.items() if n != intent.previous_placement.get(p, 0)]
+    applied, untouched, unknown, total = [], [], [], 0
+    for p, want in intent.placement.items():
+        seen = pools[p].replicas if p in pools else None
+        total += want if seen is None else seen
+        if p not in changed:
+            continue
+        if seen is None:
+            unknown.append(p)
+        elif seen == want:
+            applied.append(p)
+        elif seen == intent.previous_placement.get(p, 0):
+            untouched.append(p)
+    if len(applied) == len(changed):
+        return Outcome(intent.decision_id, [], "applied", "reconciled at start: applied", total)
+    if len(untouched) == len(changed):
+        return Outcome(intent.decision_id, [], "failed", "reconciled at start: not applied", total)
+    detail = f"reconciled at start: partly applied (applied: {','.join(applied) or '-'}; unknown: " \
+             f"{','.join(unknown) or '-'}; not applied: {','.join(untouched) or '-'})"
+    return Outcome(intent.decision_id, [], "partial", detail, total)

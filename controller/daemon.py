@@ -4,8 +4,8 @@ The tick itself (observe -> decide -> act -> record for every model, history reb
 decision log on start) is the ``Controller``'s, the same one the simulator runs. This module adds
 what a long-running process needs around it: the tick schedule and the policy watcher (APScheduler),
 leader election (only the leader ticks), backoff after failed ticks, pause/resume, the Prometheus
-metrics and the decision log lines of each decision, ``/v1/status``'s snapshot and ``/readyz``'s
-readiness with the last error of each component.
+metrics and the decision log lines of each decision (``controller.metrics_export``), ``/v1/status``'s
+snapshot (``controller.status``) and ``/readyz``'s readiness with the last error of each component.
 
 Threads: the tick runs on an APScheduler job (max one instance, coalesced) and is additionally
 guarded by a lock so a manual ``tick()`` (tests, ``POST`` paths) never overlaps it. The admin API
@@ -15,7 +15,6 @@ controller updates its per-model state under that lock too).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import threading
@@ -26,16 +25,20 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from controller.config import DaemonConfig
+from controller.core.spec import Mode
 from controller.controller import Controller, TickReport
 from controller.core.model import Action, Decision, ModelSignals, ModelSpec, PoolSpec
-from controller.core.pricing import OnPremCost, pool_cost_per_hour_usd, pool_price
-from controller.core.signals import NOT_MEASURED_REASONS
+from controller.core.pricing import OnPremCost
+from controller.db.journal import Journal
 from controller.db.recorder import RepositoryRecorder
 from controller.db.repo import Repository
 from controller.logs import log
 from controller.metrics import DaemonMetrics
+from controller.metrics_export import MetricsExport
 from controller.policyfile import PolicyLimits, PolicyStore
-from controller.protocols import Clock, LeaderElector, MetricsSource, PoolProvider, PriceSource, degraded_models
+from controller.shards import models_in
+from controller.status import status_json
+from controller.protocols import Clock, LeaderElector, ShardElector, MetricsSource, PoolProvider, PriceSource, degraded_models
 from policies.base import Registry
 
 logger = logging.getLogger("tidegate.daemon")
@@ -68,11 +71,10 @@ class _DaemonListener:
         self.daemon._note(name, error, now)
 
     def actions(self, actions: Sequence[Action]) -> None:
-        for a in actions:
-            self.daemon.metrics.actions.labels(pool=a.pool, call=a.call, status=a.status.value).inc()
+        self.daemon.export.actions(actions)
 
     def decided(self, decision: Decision, signals: ModelSignals, outcome: str) -> None:
-        self.daemon._export(decision, signals, outcome)
+        self.daemon.export.decided(decision, signals, outcome)
         if self.daemon.on_decision is not None:
             self.daemon.on_decision(decision, signals)
 
@@ -93,7 +95,7 @@ class Daemon:
         policies_dir: Path | None = None,
         dry_run: bool | None = None,
         metrics: DaemonMetrics | None = None,
-        elector: LeaderElector | None = None,
+        elector: LeaderElector | ShardElector | None = None,
         on_decision: Callable[[Decision, ModelSignals], None] | None = None,
     ) -> None:
         self.config = config
@@ -102,7 +104,12 @@ class Daemon:
         self.registry = registry
         self.metrics = metrics or DaemonMetrics()
         self.elector = elector
-        """Leader election (``None``: this daemon always acts); asked before every tick."""
+        """Leader election (``None``: this daemon always acts) or, a ``ShardElector``, the buckets
+        of models this replica acts on; asked before every tick."""
+        self.owned: frozenset[str] | None = None
+        """Sharded: the models of the buckets held at the last tick (``None``: not sharded)."""
+        self._acted: dict[str, dict[str, int]] = {}
+        self._acted_after: int | None = None
         self.on_decision = on_decision
         self.models: dict[str, ModelSpec] = config.model_specs()
         self.pools: dict[str, PoolSpec] = config.pool_specs()
@@ -110,17 +117,21 @@ class Daemon:
         self.policy_store = PolicyStore(registry, known_models=set(self.models),
                                         limits=PolicyLimits(max_file_bytes=config.policy_max_file_bytes))
 
+        self.export = MetricsExport(self.metrics, self.models, self.pools, self.policy_store.get)
+        """Each decision's metrics and log line (``controller.metrics_export``)."""
         self._tick_lock = threading.Lock()
         self._ping_lock = threading.Lock()
         self._state_lock = threading.RLock()
         oc = config.onprem_cost
+        jp = config.database.journal_path
+        journal = None if jp is None else Journal(jp)
         self.controller = Controller(
             models=self.models, pools=self.pools, clock=clock, metrics_source=metrics_source,
-            pool_providers=pool_providers, price_source=price_source, recorder=RepositoryRecorder(repo),
+            pool_providers=pool_providers, price_source=price_source, recorder=RepositoryRecorder(repo, journal),
             policies=self.policy_store.policies, dry_run=config.dry_run if dry_run is None else dry_run,
             onprem_cost=None if oc is None else OnPremCost(oc.capital_usd_per_gpu_hour, oc.energy_usd_per_kwh,
                                                            oc.pue, oc.assumed_gpu_power_kw),
-            listener=_DaemonListener(self), state_lock=self._state_lock,
+            listener=_DaemonListener(self), state_lock=self._state_lock, shadow_all=config.mode is Mode.SHADOW,
         )
         """Observe, decide, act and record: the tick itself. The daemon schedules it, elects, backs
         off, and exports what it did."""
@@ -203,9 +214,41 @@ class Daemon:
         elif critical and error is None and not was_ok:
             log(logger, logging.INFO, f"{component} reachable again", component=component)
 
+    def _shard(self, now: datetime, elector: ShardElector) -> frozenset[str]:
+        """The models of the buckets this replica holds now. Models gained get their history
+        rebuilt from the log (another replica decided them until now); models lost are forgotten
+        (their state and their series: another replica exports them now)."""
+        try:
+            held = elector.acquire_buckets()
+            error = elector.check_error
+        except Exception as e:  # noqa: BLE001 - an elector should not raise; never trust it
+            held, error = frozenset(), f"{type(e).__name__}: {e}"
+        self._note("leader", error, now, critical=True)
+        owned = frozenset(models_in(held, self.models, elector.buckets))
+        before = self.owned or frozenset()
+        gained, lost = owned - before, before - owned
+        if gained or lost:
+            log(logger, logging.INFO, "buckets changed", identity=elector.identity, buckets=",".join(map(str, sorted(held))),
+                models=len(owned), gained=len(gained), lost=len(lost))
+        self.controller.forget(lost)
+        for name in lost:
+            self.metrics.forget_model(name)
+        self.controller.forget_history(gained)
+        self.owned = owned
+        self.metrics.buckets_held.set(len(held))
+        return owned
+
+    def _others(self, owned: frozenset[str]) -> dict[str, dict[str, int]]:
+        """The latest acted-on placements of the models other replicas act on, read incrementally
+        from the decision log (their nodes share the pools' node groups with ours)."""
+        for decision_id, model, placement in self.repo.acted_placements(self._acted_after):
+            self._acted[model] = placement
+            self._acted_after = decision_id
+        return {m: p for m, p in self._acted.items() if m not in owned and m in self.models}
+
     def _leader(self, now: datetime) -> bool:
         """Ask the elector; a check that cannot be made means: do not act, and be unready."""
-        if self.elector is None:
+        if self.elector is None or isinstance(self.elector, ShardElector):
             return True
         try:
             leader = bool(self.elector.try_acquire())
@@ -236,6 +279,8 @@ class Daemon:
         if self.backoff_until is not None and now < self.backoff_until:
             self.metrics.ticks.labels(result="skipped").inc()
             return TickReport(at=now, skipped=f"backing off until {self.backoff_until.isoformat()}")
+        if isinstance(self.elector, ShardElector):
+            return self._sharded_tick(now, self.elector)
         if not self._leader(now):
             # Followers observe nothing and act on nothing: one daemon decides at a time.
             self.standby = True
@@ -248,6 +293,21 @@ class Daemon:
             self.standby = False
             self.controller.forget_history()
         report = self.controller.tick(now, paused=self.paused)
+        if report.journaled:
+            self._note("database", "decisions journaled locally: the database refused them", now, critical=True)
+        self._finish_tick(report, now, report.transient_failures)
+        return report
+
+    def _sharded_tick(self, now: datetime, elector: ShardElector) -> TickReport:
+        owned = self._shard(now, elector)
+        if not owned:
+            self.standby = True
+            self.metrics.leader.set(0)
+            self.metrics.ticks.labels(result="skipped").inc()
+            return TickReport(at=now, skipped="holds no bucket")
+        self.standby = False
+        self.metrics.leader.set(1)
+        report = self.controller.tick(now, paused=self.paused, models=owned, others=self._others(owned))
         self._finish_tick(report, now, report.transient_failures)
         return report
 
@@ -264,59 +324,13 @@ class Daemon:
                 return
             self.consecutive_failures += 1
             self.metrics.ticks.labels(result="error").inc()
-            if transient_failures or len(report.errors) == len(self.models):
+            if transient_failures or len(report.errors) == len(self.models if self.owned is None else self.owned):
                 # exponential backoff with full jitter, in daemon-clock seconds
                 base = self.config.loop.interval_s * (2 ** min(self.consecutive_failures, 10))
                 delay = min(self.config.loop.backoff_max_s, base) * (0.5 + self._rng.random() / 2)
                 self.backoff_until = now + timedelta(seconds=delay)
                 log(logger, logging.WARNING, "tick failed; backing off", failures=self.consecutive_failures,
                     backoff_s=round(delay, 1), errors=report.errors)
-
-    def _export(self, d: Decision, sig: ModelSignals, outcome: str) -> None:
-        m = self.metrics
-        m.decisions.labels(model=d.model, reason=d.reason).inc()
-        m.desired_total.labels(model=d.model).set(d.replicas)
-        model = self.models[d.model]
-        for pool_name in model.pools:
-            pool = self.pools[pool_name]
-            st = sig.pools.get(pool_name)
-            m.replicas.labels(model=d.model, pool=pool_name, state="desired").set(d.placement.get(pool_name, 0))
-            if st is not None and st.replicas is not None:
-                m.replicas.labels(model=d.model, pool=pool_name, state="current").set(st.replicas)
-            if st is not None and st.ready_replicas is not None:
-                m.replicas.labels(model=d.model, pool=pool_name, state="ready").set(st.ready_replicas)
-            m.cost_per_hour.labels(model=d.model, pool=pool_name).set(
-                pool_cost_per_hour_usd(model, pool, st, d.placement.get(pool_name, 0)))
-            m.pool_available.labels(model=d.model, pool=pool_name).set(1 if (st is None or st.available) else 0)
-        if d.interrupted_replaced:
-            for pool_name in model.pools:
-                st = sig.pools.get(pool_name)
-                if st is not None and st.interrupted_replicas:
-                    m.interruptions.labels(pool=pool_name).inc(st.interrupted_replicas)
-        cpt = sig.cost_per_million_tokens_usd.value
-        if cpt is not None:
-            m.cost_per_mtok.labels(model=d.model).set(cpt)
-        if sig.p99_latency_ms.value is not None:
-            m.p99_latency.labels(model=d.model).set(sig.p99_latency_ms.value)
-        if sig.queue_depth.value is not None:
-            m.queue_depth.labels(model=d.model).set(sig.queue_depth.value)
-        for s, sample in sig.samples.items():
-            if sample.value is None and (sample.reason or "").split(":")[0] in NOT_MEASURED_REASONS:
-                with contextlib.suppress(KeyError):  # not measured by design: nothing to page about
-                    m.signal_missing.remove(d.model, s)
-            else:
-                m.signal_missing.labels(model=d.model, signal=s).set(0 if sample.value is not None else 1)
-        pol = self.policy_store.policies().get(d.model)
-        if pol is not None:
-            if pol.spec.budget.max_cost_per_hour_usd is not None:
-                m.budget_cap.labels(model=d.model).set(pol.spec.budget.max_cost_per_hour_usd)
-            if pol.spec.slo.p99_latency_ms is not None:
-                m.slo_p99.labels(model=d.model).set(pol.spec.slo.p99_latency_ms)
-        if d.changed or outcome not in ("skipped",):
-            log(logger, logging.INFO if d.changed else logging.DEBUG, "decision",
-                model=d.model, replicas=d.replicas, current=d.current_replicas,
-                placement=",".join(f"{p}={n}" for p, n in sorted(d.placement.items())),
-                reason=d.reason, outcome=outcome, cost_per_hour_usd=round(d.cost_per_hour_usd, 2))
 
     # ------------------------------------------------------------------ operator controls
     def pause(self, author: str, reason: str = "") -> None:
@@ -362,6 +376,9 @@ class Daemon:
         detail["role"] = "standby" if self.standby else "leader"
         detail["election"] = None if self.elector is None else {
             "identity": self.elector.identity, "backend": type(self.elector).__name__}
+        if isinstance(self.elector, ShardElector):
+            detail["election"]["buckets"] = self.elector.buckets
+            detail["owned_models"] = len(self.owned or ())
         reasons: list[str] = []
         if not database.ok:
             reasons.append(f"database unreachable: {database.last_error}")
@@ -383,7 +400,8 @@ class Daemon:
             out.append(f"last successful tick {(now - last).total_seconds():.0f} s ago (limit {limit_s:.0f} s, daemon clock)")
         if self.consecutive_failures >= self.config.loop.ready_after_failed_ticks:
             out.append(f"{self.consecutive_failures} consecutive failed ticks")
-        unobserved = (set(self.policy_store.policies()) & set(self.models)) - self.controller.observed_once
+        mine = set(self.models) if self.owned is None else self.owned
+        unobserved = (set(self.policy_store.policies()) & mine) - self.controller.observed_once
         if unobserved:
             out.append(f"not observed yet: {', '.join(sorted(unobserved))}")
         return out
@@ -396,44 +414,17 @@ class Daemon:
         return None
 
     def status(self) -> dict[str, Any]:
-        from controller.db.codec import sample_to_json  # local: codec is a leaf helper
-
+        """``/v1/status``'s body (``controller.status``)."""
         now = self.clock.now()
-        out: dict[str, Any] = {"at": now.isoformat(), "paused": self.paused, "dry_run": self.dry_run,
-                               "models": {}}
         overrides = self.repo.active_overrides(now)
         policies = self.policy_store.policies()
+        degraded = dict(degraded_models(self.metrics_source))
+        ctl = self.controller
         with self._state_lock:
-            for name, model in self.models.items():
-                d = self.controller.last_decisions.get(name)
-                sig = self.controller.last_signals.get(name)
-                pools: dict[str, Any] = {}
-                for pool_name in model.pools:
-                    st = sig.pools.get(pool_name) if sig else None
-                    pools[pool_name] = {
-                        "tier": self.pools[pool_name].tier.value,
-                        "provider": self.pools[pool_name].provider,
-                        "current_replicas": st.replicas if st else None,
-                        "ready_replicas": st.ready_replicas if st else None,
-                        "desired_replicas": d.placement.get(pool_name) if d else None,
-                        "nodes": st.nodes if st else None,
-                        "available": st.available if st else None,
-                        "unavailable_reason": st.unavailable_reason if st else None,
-                        "price_per_node_hour_usd": pool_price(self.pools[pool_name], st),
-                    }
-                out["models"][name] = {
-                    "policy_version": policies[name].version if name in policies else None,
-                    "signals": {s: sample_to_json(v) for s, v in sig.samples.items()} if sig else None,
-                    "pools": pools,
-                    "current_replicas": d.current_replicas if d else None,
-                    "desired_replicas": d.replicas if d else None,
-                    "cost_per_hour_usd": d.cost_per_hour_usd if d else None,
-                    "overrides": [o.id for o in overrides if o.model == name],
-                    "last_decision": ({"id": self.controller.last_decision_ids.get(name), "at": d.at.isoformat(),
-                                       "reason": d.reason, "actuate": d.actuate} if d else None),
-                    "degraded": degraded_models(self.metrics_source).get(name),
-                }
-        return out
+            return status_json(now=now, paused=self.paused, dry_run=self.dry_run, models=self.models, pools=self.pools,
+                               decisions=ctl.last_decisions, signals=ctl.last_signals,
+                               decision_ids=ctl.last_decision_ids, policies=policies, overrides=overrides,
+                               degraded=degraded)
 
     # ------------------------------------------------------------------ scheduling
     def start(self, wall_interval_s: float | None = None, policy_reload_s: float | None = None) -> None:

@@ -7,10 +7,12 @@
     │       └── ConflictError
     └── UserError
         ├── AddressUnavailable
+        ├── ApiError
         ├── BundleError (ValueError)
         ├── ConfigError
         ├── CronError (ValueError)
         ├── DatabaseError
+        ├── ManifestError (ValueError)
         ├── ScenarioError (ValueError)
         ├── SchemaNotCurrentError (RuntimeError)
         ├── UnknownPolicyKind (KeyError)
@@ -41,8 +43,8 @@ from __future__ import annotations
 from typing import Iterable
 
 __all__ = [
-    "TidegateError", "UserError", "AddressUnavailable", "BundleError", "ConfigError", "CronError",
-    "DatabaseError", "ScenarioError", "SchemaNotCurrentError", "UnknownPolicyKind", "UnknownProvider",
+    "TidegateError", "UserError", "AddressUnavailable", "ApiError", "BundleError", "ConfigError", "CronError",
+    "DatabaseError", "ManifestError", "ScenarioError", "SchemaNotCurrentError", "UnknownPolicyKind", "UnknownProvider",
     "ProviderError", "PermanentProviderError", "TransientProviderError", "ConflictError", "render_tree",
 ]
 
@@ -73,6 +75,16 @@ class AddressUnavailable(UserError):
         self.in_use = in_use
 
 
+class ApiError(UserError):
+    """A call to a daemon's admin API failed (unreachable, refused, not found); ``exit_code`` is the
+    one ``controller.client.EXIT_CODES`` documents for it."""
+
+    def __init__(self, message: str, *, exit_code: int = 2, status: int | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.status = status
+
+
 class DatabaseError(UserError):
     """The decision log's database cannot be used; the message says why and what to do."""
 
@@ -91,6 +103,10 @@ class ScenarioError(UserError, ValueError):
 
 class CronError(UserError, ValueError):
     """A cron expression that cannot be parsed or can never fire; the message says where."""
+
+
+class ManifestError(UserError, ValueError):
+    """An HPA or ScaledObject manifest ``tidegate import`` cannot read; the message says where."""
 
 
 class UnknownPolicyKind(UserError, KeyError):

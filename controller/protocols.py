@@ -53,6 +53,17 @@ class ReportsDegradation(Protocol):
 
 
 @runtime_checkable
+class EvaluatesQueries(Protocol):
+    """A metrics source that evaluates arbitrary PromQL for rules that ask for it (the ``promql``
+    kind): told the expressions before each ``observe``, it returns their values in
+    ``ModelSignals.queries``. Optional: without it such rules see their query as missing."""
+
+    def set_queries(self, queries: Mapping[str, Sequence[str]]) -> None:
+        """Model name -> the PromQL expressions to evaluate for it from the next ``observe`` on."""
+        ...
+
+
+@runtime_checkable
 class MeasuresPower(Protocol):
     """A metrics source that measures the GPU power of a model's serving GPUs (DCGM), which prices
     on-prem energy (``controller.core.pricing``). Optional: without it the assumed power per GPU
@@ -115,5 +126,26 @@ class LeaderElector(Protocol):
 
     def release(self) -> None:
         """Give leadership up (on shutdown) so a follower takes over without waiting."""
+        ...
+
+
+@runtime_checkable
+class ShardElector(Protocol):
+    """Models sharded over daemon replicas (``controller.shards``; ``providers.leader`` has one on
+    Kubernetes Leases): asked before every tick, it says which buckets of models this replica holds;
+    the daemon acts only on their models."""
+
+    identity: str
+    buckets: int
+    """How many buckets the models hash into."""
+    check_error: str | None
+    """Why the last round could not reach the backend (``None``: it could)."""
+
+    def acquire_buckets(self) -> frozenset[int]:
+        """Take or renew this replica's share of the buckets; the buckets it may act on now."""
+        ...
+
+    def release(self) -> None:
+        """Give every bucket up (on shutdown) so the others take over without waiting."""
         ...
 

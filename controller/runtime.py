@@ -106,6 +106,10 @@ def preflight(cfg: DaemonConfig, *, connect: bool = False) -> list[str]:
     db = (connect_problem if connect else url_problem)(cfg.database.url, _database_source())
     if db is not None:
         problems.append(db)
+    journal = cfg.database.journal_path
+    if journal is not None and not Path(journal).parent.is_dir():
+        problems.append(f"database.journal_path {journal}: folder {Path(journal).parent} does not exist; create it "
+                        "(the chart mounts journalVolume there) or set database.journal_path to null (no journal)")
     for field_name, src in (("api.admin_tokens.file", cfg.api.admin_tokens), ("api.viewer_tokens.file", cfg.api.viewer_tokens)):
         if src.file is not None and not Path(src.file).is_file():
             problems.append(f"{field_name} {src.file} does not exist; create it (one token per line) or remove {field_name}")
@@ -311,7 +315,16 @@ def build_runtime(cfg: DaemonConfig, *, clock: Clock | None = None, dry_run: boo
     daemon = Daemon(cfg, clock=clock, metrics_source=sources[0], pool_providers=sources[1],
                     price_source=sources[2], repo=repo, registry=registry, dry_run=dry_run,
                     metrics=metrics, elector=elector)
+    if isinstance(cfg.providers, RealProviders) and cfg.providers.settings.kubernetes_objects.enabled:
+        from providers.kubeobjects import attach  # ScalingPolicy objects, status, Events, no fights
+
+        extras["kube_objects"] = attach(daemon, extras["real"].api_client, cfg.providers.settings.kubernetes_objects)
     for func, seconds, job_id in getattr(extras.get("real"), "jobs", ()):  # e.g. the spot price refresh
         daemon.add_job(func, seconds, job_id)  # run from daemon.start()
+    retention = cfg.database.retention
+    if retention.enabled:
+        from controller.db.retention import retention_job
+
+        daemon.add_job(retention_job(repo, clock, retention), retention.interval_s, "retention")
     auth = TokenAuth.from_config(cfg.api, environ)
     return Runtime(daemon=daemon, auth=auth, extras=extras)

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
-from controller.core.model import ModelSignals, ModelSpec, Recommendation, ReplicaCapacity
+from controller.core.model import ModelSignals, ModelSpec, Recommendation, ReplicaCapacity, Sample
 from controller.core.reasons import Reason
 from controller.errors import UnknownPolicyKind  # re-exported: raised here
 from controller.plugins import entry_point_kinds
@@ -73,7 +73,10 @@ class PolicyContext:
 
     def missing_reason(self, name: str) -> tuple[str, str]:
         """(``MetricMissing`` or ``MetricStale``, message) for a signal ``fresh`` refused."""
-        sample = self.signals.sample(name)
+        return self.why_missing(name, self.signals.sample(name))
+
+    def why_missing(self, name: str, sample: Sample) -> tuple[str, str]:
+        """(``MetricMissing`` or ``MetricStale``, message) for a refused sample named ``name``."""
         if sample.value is None or not math.isfinite(sample.value):
             why = sample.reason or ("NaN" if sample.value is not None else "no data")
             return Reason.METRIC_MISSING.value, f"{name} is missing ({why})"
@@ -95,6 +98,11 @@ class PolicyKind:
 
     def recommend(self, ctx: PolicyContext) -> Recommendation:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def queries(self) -> tuple[str, ...]:
+        """PromQL expressions this rule needs evaluated each tick (``ModelSignals.queries``);
+        none by default."""
+        return ()
 
     # helpers shared by the built-ins
     def no_opinion(self, ctx: PolicyContext, signal: str) -> Recommendation:

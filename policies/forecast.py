@@ -21,7 +21,9 @@ covers what a one-minute rate cannot show: arrivals within the minute are not ev
 bursts), and a queue that builds inside a minute misses the TTFT target.
 
 State (``Recommendation.state``): ``{"samples": ((t_s, requests_per_s, output_tokens_per_s), ...),
-"peaks": (...)}`` with ``t_s`` the sample's own timestamp (epoch seconds, from the observation,
+"peaks": (...)}`` (until the history covers ``trend_window_s``, i.e. while there are no peaks yet
+and the oldest sample is younger than that, the trend is extrapolated over the covered share of
+the lead only) with ``t_s`` the sample's own timestamp (epoch seconds, from the observation,
 never a tick count). ``samples`` holds one entry per new observation over the trend window (at
 least two minutes); older observations fold into ``peaks``, a running-maximum history in buckets of
 ``history / 240`` (at least 15 s) from which entries that can no longer decide the burst allowance
@@ -72,9 +74,13 @@ def trend_slope(points: Sequence[tuple[float, float]]) -> float:
 
 
 def forecast_rate(points: Sequence[tuple[float, float]], now_s: float, lead_s: float, trend_window_s: float,
-                  burst_window_s: float, burst_hold_s: float | None = None) -> tuple[float, float, float]:
+                  burst_window_s: float, burst_hold_s: float | None = None,
+                  history_start_s: float | None = None) -> tuple[float, float, float]:
     """(forecast, trend part, burst part) of a rate ``lead_s`` after ``now_s`` from ``points``
-    (sorted by time, the last one the latest observation)."""
+    (sorted by time, the last one the latest observation). Until the history (observed since
+    ``history_start_s``) covers the trend window, the trend is extrapolated over the covered share
+    of the lead only: at start-up a few points of a ramp are little evidence, and extrapolating
+    them over the full lead held 20 replicas for a 2-replica load."""
     if not points:
         return 0.0, 0.0, 0.0
     latest = points[-1][1]
@@ -102,11 +108,14 @@ def forecast_rate(points: Sequence[tuple[float, float]], now_s: float, lead_s: f
             stv += x * v
             first_t = min(first_t, t)
     slope = 0.0
-    if n >= 2 and points[-1][0] - first_t >= 30.0:
+    # the part of the trend window the history covers: a trend seen over a fraction of the
+    # window is extrapolated over that fraction of the lead only
+    covered = 1.0 if history_start_s is None else min(1.0, max(0.0, (now_s - history_start_s) / trend_window_s))
+    if covered > 0 and n >= 2 and points[-1][0] - first_t >= 30.0:
         den = n * stt - st * st
         if den > 0:
             slope = (n * stv - st * sv) / den
-    trend = max(0.0, latest + max(0.0, slope) * lead_s)
+    trend = max(0.0, latest + max(0.0, slope) * lead_s * covered)
     return max(trend, burst), trend, burst
 
 
@@ -256,6 +265,9 @@ class Forecast(PolicyKind):
             peaks = fold_peaks(peaks, samples[:k], max(PEAK_BUCKET_MIN_S, keep_s / PEAK_BUCKETS))
             samples = samples[k:]
         state = {"samples": tuple(samples), "peaks": tuple(peaks)}
+        # the history began with the oldest sample kept; anything folded into peaks is older than
+        # the fine window, so the history then covers the trend window
+        since = -math.inf if peaks else (samples[0][0] if samples else now_s)
         if not wanted or all(values[s] is None for s in wanted):
             why = "; ".join(m for _, m in missing) or "no signal selected"
             return Recommendation(rule=self.rule, kind=self.name, replicas=None,
@@ -270,7 +282,7 @@ class Forecast(PolicyKind):
             pts = [(s[0], v) for s in peaks if (v := s[col]) is not None]
             pts += [(s[0], v) for s in samples if (v := s[col]) is not None]
             f, trend, burst = forecast_rate(pts, now_s, p.lead_time_s, p.trend_window_s, p.burst_window_s,
-                                            p.burst_hold_s)
+                                            p.burst_hold_s, since)
             need = f * p.headroom
             planned = per_replica[sub] * p.capacity_fraction
             n = ceil_replicas(need / planned)

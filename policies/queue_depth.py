@@ -54,8 +54,14 @@ class QueueDepth(PolicyKind):
     params: Params
 
     def recommend(self, ctx: PolicyContext) -> Recommendation:
+        value, code, why = read_signal(ctx, self.params.signal)
+        return self.scale_on(ctx, self.params.signal, value, code, why, signal(self.params.signal).above_reason)
+
+    def scale_on(self, ctx: PolicyContext, what: str, value: float | None, code: str, why: str,
+                 above: Reason) -> Recommendation:
+        """KEDA's arithmetic on ``value`` (``None``: missing, with ``code`` and ``why``), named
+        ``what`` in messages; ``above`` is the reason code when it asks for more replicas."""
         p = self.params
-        value, code, why = read_signal(ctx, p.signal)
         note = ""
         if value is None:
             if not p.missing_as_zero:
@@ -67,18 +73,18 @@ class QueueDepth(PolicyKind):
         if value <= p.activation_threshold:
             return Recommendation(
                 rule=self.rule, kind=self.name, replicas=0, reason=Reason.BELOW_TARGETS.value,
-                message=f"{p.signal} {value:g} at or below activation threshold "
+                message=f"{what} {value:g} at or below activation threshold "
                         f"{p.activation_threshold:g}: inactive, 0 replicas{note}",
             )
         desired = ceil_replicas(value / p.target_per_replica)
         if desired > current:
-            reason = signal(p.signal).above_reason
+            reason = above
         elif desired == current:
             reason = Reason.WITHIN_TARGETS
         else:
             reason = Reason.BELOW_TARGETS
         return Recommendation(
             rule=self.rule, kind=self.name, replicas=desired, reason=reason.value,
-            message=f"{p.signal} {value:g} / {p.target_per_replica:g} per replica -> {desired} "
+            message=f"{what} {value:g} / {p.target_per_replica:g} per replica -> {desired} "
                     f"replicas (current {current}){note}",
         )

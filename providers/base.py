@@ -202,7 +202,9 @@ class Notice:
 
     @property
     def key(self) -> str:
-        return f"{self.kind.value}:{self.instance_id or self.node}"
+        """One key per node and kind: a node's taint and the cloud's (or Karpenter's) notice for
+        the instance behind it are one interruption, not two."""
+        return f"{self.kind.value}:{self.node or self.instance_id}"
 
 
 @dataclass(frozen=True, slots=True)

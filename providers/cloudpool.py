@@ -22,7 +22,6 @@ provider; the actions made before the failure and the failed one ride along on t
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -50,14 +49,6 @@ class CloudPoolSettings(BaseModel):
     capacity_error_max_age_s: float = Field(900.0, gt=0, description="Failures older than this are ignored, even at startup, seconds.")
 
 
-@dataclass
-class _Observed:
-    """What the last ``state`` saw, for dry-run planning without any call."""
-
-    replicas: int | None
-    group_target: int | None
-
-
 class CloudPoolProvider:
     """``PoolProvider`` for a cloud pool: ``kube`` (the pool's Deployments and nodes) plus
     ``group`` (its Auto Scaling group or managed instance group). With ``group=None`` it behaves
@@ -69,16 +60,13 @@ class CloudPoolProvider:
         group: NodeGroup | None,
         *,
         settings: CloudPoolSettings = CloudPoolSettings(),
-        dry_run: bool = False,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = kube
         self.group = group
         self.pool: PoolSpec = kube.pool
         self.settings = settings
-        self.dry_run = dry_run
         self._monotonic = monotonic
-        self._observed: dict[str, _Observed] = {}
         self.last_group_state: GroupState | None = None
 
     # -- observe ----------------------------------------------------------------------------------
@@ -91,7 +79,6 @@ class CloudPoolProvider:
         self._note_capacity_error(g, now)
         obs = self.kube.observe(model, now, cloud_notices=g.notices,
                                 instance_id_for=self.group.instance_id_for)
-        self._observed[model.name] = _Observed(obs.replicas, g.target)
         # Nodes of a cloud pool are what the group holds (billed, or about to be), not only those
         # already registered in the cluster: cost follows instances.
         return self.kube.to_state(obs, now, nodes=g.running + g.creating)
@@ -119,8 +106,6 @@ class CloudPoolProvider:
         if not 0 <= nodes <= self.pool.max_nodes:
             raise log.fail(PermanentProviderError(
                 f"nodes ({nodes}) must be between 0 and pool {self.pool.name!r} max_nodes ({self.pool.max_nodes})"))
-        if self.dry_run:
-            return self._dry_run(model, replicas, nodes, log)
 
         g = group.describe(now)
         self.last_group_state = g
@@ -182,20 +167,6 @@ class CloudPoolProvider:
                      provider=group.provider)
             return
         log.run(group.release_call, rel_args, lambda: group.release(chosen), provider=group.provider)
-
-    def _dry_run(self, model: ModelSpec, replicas: int, nodes: int, log: ActionLog) -> list[Action]:
-        """Record what would be done from the last observation; make no call at all."""
-        assert self.group is not None
-        seen = self._observed.get(model.name)
-        cur_r = seen.replicas if seen else None
-        cur_n = seen.group_target if seen else None
-        log.note(self.group.set_call, {"group": self.group.name, "nodes": nodes, "previous_nodes": cur_n},
-                 ActionStatus.NOOP if cur_n == nodes else ActionStatus.DRY_RUN, provider=self.group.provider)
-        log.note(self.kube.scale_call, {"replicas": replicas, "previous_replicas": cur_r},
-                 ActionStatus.NOOP if cur_r == replicas else ActionStatus.DRY_RUN)
-        if cur_n is not None and nodes < cur_n:
-            log.actions.reverse()  # replicas first on the way down, as a real call would
-        return log.actions
 
 
 # --- wiring from the daemon config -------------------------------------------------------------

@@ -457,6 +457,25 @@ class KubernetesCluster:
         nodes = self._read(what, lambda: self.core.list_node(label_selector=selector or None, _request_timeout=t))
         return [n for n in nodes.items or [] if selector_matches(n.metadata.labels if n.metadata else None, reqs)]
 
+    def get_cluster_object(self, group: str, version: str, plural: str, name: str, what: str) -> dict[str, Any]:
+        """One cluster-scoped custom object (e.g. a Karpenter NodePool), as a dict."""
+        from kubernetes import client as k8s
+
+        api, t = k8s.CustomObjectsApi(self.api_client), self.settings.request_timeout_s
+        return dict(self._read(what, lambda: api.get_cluster_custom_object(group, version, plural, name,
+                                                                            _request_timeout=t)))
+
+    def list_cluster_objects(self, group: str, version: str, plural: str, selector: str, what: str) -> list[dict[str, Any]]:
+        """Cluster-scoped custom objects matching a label selector (filtered again here)."""
+        from kubernetes import client as k8s
+
+        api, t, reqs = k8s.CustomObjectsApi(self.api_client), self.settings.request_timeout_s, parse_selector(selector)
+        body = self._read(what, lambda: api.list_cluster_custom_object(group, version, plural,
+                                                                       label_selector=selector or None, _request_timeout=t))
+        items = body.get("items") if isinstance(body, dict) else None
+        return [o for o in items or [] if isinstance(o, dict)
+                and selector_matches((o.get("metadata") or {}).get("labels"), reqs)]
+
 
 # --- observation -------------------------------------------------------------------------------
 
@@ -497,6 +516,8 @@ class PoolObservation:
     namespace: str = ""
     noticed_pods: tuple[str, ...] = ()
     """Names of this model's pods on nodes under an interruption notice."""
+    pod_spec: Any = None
+    """The Deployment's pod template spec (``V1PodSpec``: node selector, affinity), as read."""
 
     @property
     def gpus_allocatable(self) -> int:
@@ -521,7 +542,6 @@ class KubernetesPoolProvider:
         *,
         node_selector: Mapping[str, str] | None = None,
         settings: KubernetesSettings | None = None,
-        dry_run: bool = False,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool = pool
@@ -529,7 +549,6 @@ class KubernetesPoolProvider:
         self.cluster = cluster
         self.node_selector = selector_from_labels(node_selector or {})
         self.settings = settings or cluster.settings
-        self.dry_run = dry_run
         self.marks = UnavailableMarks()
         self._monotonic = monotonic
         self._first_seen: dict[str, dict[str, datetime]] = {}
@@ -581,10 +600,13 @@ class KubernetesPoolProvider:
         *,
         cloud_notices: Sequence[Notice] = (),
         instance_id_for: Callable[[str], str | None] | None = None,
+        idle_notices: bool = True,
     ) -> PoolObservation:
         """Read the model's Deployment, its pods and the pool's nodes; update the unavailable mark
         and the interruption counter. ``cloud_notices`` (by instance id) are mapped onto nodes
-        through ``instance_id_for(node.spec.providerID)``."""
+        through ``instance_id_for(node.spec.providerID)``. ``idle_notices=False``: only notices on
+        nodes holding this model's pods count as interruptions (a provider that also removes idle
+        nodes on its own, as Karpenter's consolidation does, is not interrupting anything)."""
         ref = self._ref(model.name)
         what = self._what(model.name, ref)
         dep = self.cluster.read_deployment(ref.namespace, ref.name, what)
@@ -644,7 +666,7 @@ class KubernetesPoolProvider:
                 self.pool, "Unschedulable",
                 f"{len(late)} replica(s) of {model.name} Pending for more than {timeout_s:g} s: {message}"))
 
-        self._count_notices(notices, now)
+        self._count_notices(notices if idle_notices else tuple(n for n in notices if n.node in pods_by_node), now)
 
         spec_r = dep.spec.replicas if dep.spec and dep.spec.replicas is not None else 1
         # The status once the controller has reconciled the Deployment (observedGeneration set).
@@ -658,7 +680,8 @@ class KubernetesPoolProvider:
             unavailable_replicas=(reconciled.unavailable_replicas or 0) if reconciled is not None else None,
             selector=selector, nodes=tuple(nodes), pods_by_node=pods_by_node,
             unschedulable_pods=len(stuck_ages), oldest_unschedulable_s=max(stuck_ages) if stuck_ages else None,
-            interrupted_replicas=interrupted, notices=notices, namespace=ref.namespace, noticed_pods=noticed_pods)
+            interrupted_replicas=interrupted, notices=notices, namespace=ref.namespace, noticed_pods=noticed_pods,
+            pod_spec=dep.spec.template.spec if dep.spec and dep.spec.template else None)
         self._last[model.name] = obs
         return obs
 
@@ -725,14 +748,6 @@ class KubernetesPoolProvider:
         transient errors are re-read and retried with backoff; every patch made is a row."""
         ref = self._ref(model.name)
         what = self._what(model.name, ref)
-        if self.dry_run:
-            last = self._last.get(model.name)
-            cur = last.replicas if last else None
-            log.note(CALL_SCALE, {"namespace": ref.namespace, "deployment": ref.name, "replicas": replicas,
-                                  "previous_replicas": cur},
-                     ActionStatus.NOOP if cur == replicas else ActionStatus.DRY_RUN, provider=PROVIDER)
-            return
-
         self._prefer_noticed_pods(model, replicas, log)
 
         def once() -> None:
@@ -792,8 +807,19 @@ class OnPremProvider(PoolProviderKind):
     description = "Nodes already in the cluster: tidegate scales the pool's Deployments only."
 
 
+class ClusterAutoscalerProvider(PoolProviderKind):
+    """``provider: cluster-autoscaler``: cloud nodes that cluster-autoscaler (or GKE node
+    auto-provisioning, or any other autoscaler) adds for Pending pods and removes when idle.
+    tidegate scales the pool's Deployments only and never resizes a node group; replicas left
+    unschedulable past ``unschedulable_timeout_s`` mark the pool unavailable, as for every pool."""
+
+    name = "cluster-autoscaler"
+    tiers = frozenset({Tier.SPOT, Tier.ONDEMAND})
+    description = "Nodes that cluster-autoscaler adds and removes: tidegate scales the pool's Deployments only."
+
+
 __all__ = [
-    "CALL_DELETION_COST", "CALL_SCALE", "ConflictError", "DELETION_COST_ANNOTATION", "Deployment", "DeploymentRef", "INTERRUPTION_TAINTS", "KubernetesCluster",
+    "CALL_DELETION_COST", "ClusterAutoscalerProvider", "CALL_SCALE", "ConflictError", "DELETION_COST_ANNOTATION", "Deployment", "DeploymentRef", "INTERRUPTION_TAINTS", "KubernetesCluster",
     "KubernetesPoolProvider", "KubernetesSettings", "OnPremProvider", "NodeInfo", "PROVIDER", "PoolObservation", "Requirement",
     "make_api_client", "node_allocatable_gpus", "node_notices", "node_ready", "node_schedulable",
     "parse_selector", "pod_terminal", "pod_unschedulable", "pod_unschedulable_since", "selector_from_label_selector",

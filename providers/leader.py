@@ -18,6 +18,11 @@ Two implementations of one small protocol:
   racing for an expired lease the API server lets exactly one through (the other gets 409). A
   leader that could not renew stops acting once its last renewal is older than the lease duration.
 
+With ``buckets`` > 1 (backend lease only), the models are sharded instead of led by one daemon:
+``KubernetesBucketElector`` holds one Lease per bucket of models (``controller.shards``), each
+replica acts on the models of the buckets it holds, and the buckets are shared out fairly between
+the live replicas (their heartbeats in one members Lease).
+
 Neither is a fence against a leader paused in the middle of an action (GC pause, suspended VM): as
 everywhere, the window is one action, and the actions themselves are declarative and idempotent.
 """
@@ -25,6 +30,8 @@ everywhere, the window is one action, and the actions themselves are declarative
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import os
 import socket
 from datetime import datetime, timedelta, timezone
@@ -34,7 +41,11 @@ from typing import Any, Callable, Literal, Mapping
 import psycopg
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from controller.protocols import LeaderElector
+from controller.logs import log
+from controller.protocols import LeaderElector, ShardElector
+from controller.shards import assignment, bucket_lease_name, live_members, members_lease_name
+
+logger = logging.getLogger("tidegate.leader")
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 """Where a pod finds its own namespace (the Lease's default namespace)."""
@@ -60,16 +71,23 @@ class LeaderElectionSettings(BaseModel):
     lease_duration_s: int = Field(15, ge=1, description="A Lease not renewed for this long may be taken over by another daemon, and its holder stops acting, seconds (client-go's leaseDuration).")
     retry_period_s: float = Field(2.0, gt=0, description="Least wall time between two Lease requests of one daemon (renewal by the leader, takeover attempts by the others), seconds (client-go's retryPeriod); ticks in between reuse the last answer. A follower takes over at its first tick once lease_duration_s has passed since the leader's last renewal (later by up to retry_period_s).")
     connect_timeout_s: float = Field(3.0, gt=0, description="Timeout of the advisory lock's own PostgreSQL connection, seconds.")
+    buckets: int = Field(1, ge=1, le=1000, description="Model shards (backend lease only). 1: one leader acts on every model. More: each model hashes into one of this many buckets, each bucket is a Lease named NAME-bucket-II-of-N, the live replicas share the buckets evenly (rebalanced when one joins, taken over within lease_duration_s + retry_period_s when one dies) and each acts only on the models of the buckets it holds. Keep it fixed while daemons run (a change moves models between buckets); a few times the largest replica count you expect.")
 
     @model_validator(mode="after")
     def _renew_within_the_lease(self) -> "LeaderElectionSettings":
         if self.retry_period_s * 2 > self.lease_duration_s:
             raise ValueError(f"retry_period_s ({self.retry_period_s:g}) must be at most half of lease_duration_s "
                              f"({self.lease_duration_s}), or the leader's renewals come too late to keep the Lease")
+        if self.buckets > 1 and self.backend not in ("lease", None):
+            raise ValueError(f"buckets ({self.buckets}) shard models over Leases: set backend lease (backend is "
+                             f"{self.backend}), or buckets 1 for a single leader")
         return self
 
     def problem_with(self, database_url: str) -> str | None:
         """Why these settings cannot run on this database (``None``: they can)."""
+        if self.buckets > 1 and self.resolved_backend(database_url) != "lease":
+            return (f"leader_election.buckets ({self.buckets}) shard models over Leases but the backend resolves to "
+                    f"{self.resolved_backend(database_url)}; set leader_election.backend lease")
         if self.resolved_backend(database_url) == "database" and not is_postgres_url(database_url):
             return (f"leader_election.backend is database but database.url ({database_url!r}) is not PostgreSQL; "
                     "use backend lease (any database) or a PostgreSQL database")
@@ -94,7 +112,7 @@ def is_postgres_url(url: str) -> bool:
 
 
 def build_elector(settings: LeaderElectionSettings, *, database_url: str, api_client: Callable[[], Any],
-                  clock: Any = None, environ: Mapping[str, str] | None = None) -> LeaderElector | None:
+                  clock: Any = None, environ: Mapping[str, str] | None = None) -> LeaderElector | ShardElector | None:
     """The elector ``settings`` ask for (``None`` for backend none). ``api_client`` builds the
     Kubernetes client (called for backend lease only); ``clock`` is the Lease's clock: the wall
     clock unless a test drives one (never the demo's accelerated clock: the Lease's times are
@@ -109,6 +127,11 @@ def build_elector(settings: LeaderElectionSettings, *, database_url: str, api_cl
             raise ValueError(problem)
         return PostgresAdvisoryLock(database_url, name=settings.name, identity=identity,
                                     connect_timeout_s=settings.connect_timeout_s)
+    if settings.buckets > 1:
+        return KubernetesBucketElector(api_client(), namespace=settings.namespace(), name=settings.name,
+                                       identity=identity, buckets=settings.buckets,
+                                       lease_duration_s=settings.lease_duration_s,
+                                       retry_period_s=settings.retry_period_s, clock=clock)
     return KubernetesLeaseElector(api_client(), namespace=settings.namespace(), name=settings.name,
                                   identity=identity, lease_duration_s=settings.lease_duration_s,
                                   retry_period_s=settings.retry_period_s, clock=clock)
@@ -249,12 +272,10 @@ def _micro(t: datetime) -> str:
     return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-class KubernetesLeaseElector:
-    """``LeaderElector`` on a ``coordination.k8s.io/v1`` Lease (client-go's algorithm).
-
-    ``clock`` is the daemon's clock (a ``controller.protocols.Clock``): the lease compares times,
-    and tests drive it by hand. Reads and writes go through ``kubernetes.client.CoordinationV1Api``
-    built on ``api_client``; writes are replaces carrying the read ``resourceVersion``."""
+class _LeaseClient:
+    """What the Lease electors share: the ``CoordinationV1Api`` built on ``api_client``, the
+    Lease's place and timing, and the clock (the daemon's ``controller.protocols.Clock``, which
+    tests drive by hand; the wall clock when ``None``)."""
 
     def __init__(self, api_client: Any, *, namespace: str, name: str = "tidegate-leader",
                  identity: str | None = None, lease_duration_s: int = 15, retry_period_s: float = 0.0,
@@ -270,7 +291,6 @@ class KubernetesLeaseElector:
         self._clock = clock
         self.request_timeout_s = request_timeout_s
         self.retry_period_s = retry_period_s
-        self._renewed_at: datetime | None = None
         self._tried_at: datetime | None = None
         self.last_error: str | None = None
         self.check_error: str | None = None
@@ -278,6 +298,18 @@ class KubernetesLeaseElector:
 
     def _now(self) -> datetime:
         return self._clock.now() if self._clock is not None else datetime.now(timezone.utc)
+
+
+class KubernetesLeaseElector(_LeaseClient):
+    """``LeaderElector`` on a ``coordination.k8s.io/v1`` Lease (client-go's algorithm).
+
+    ``clock`` is the daemon's clock (a ``controller.protocols.Clock``): the lease compares times,
+    and tests drive it by hand. Reads and writes go through ``kubernetes.client.CoordinationV1Api``
+    built on ``api_client``; writes are replaces carrying the read ``resourceVersion``."""
+
+    def __init__(self, api_client: Any, **kw: Any) -> None:
+        super().__init__(api_client, **kw)
+        self._renewed_at: datetime | None = None
 
     def _spec(self, now: datetime, *, acquire: datetime, transitions: int) -> Any:
         return self._k8s.V1LeaseSpec(
@@ -369,7 +401,118 @@ class KubernetesLeaseElector:
             self._renewed_at = None
 
 
+MEMBERS_ANNOTATION = "tidegate.io/members"
+"""Annotation of the members Lease: JSON ``{identity: last heartbeat (RFC 3339)}``."""
+
+
+class KubernetesBucketElector(_LeaseClient):
+    """``ShardElector`` on one Lease per bucket plus a members Lease (see ``controller.shards``).
+
+    Each round (at most one per ``retry_period_s``; ticks in between reuse the answer while it is
+    fresh): write this replica's heartbeat into the members Lease, work out the live members and
+    this replica's fair share, release held buckets that belong to another live member, and take
+    or renew the buckets of its share (``KubernetesLeaseElector`` per bucket: renewals, expiry and
+    409 races as for a single leader). ``acquire_buckets()`` returns the buckets whose last
+    renewal is younger than the lease duration: only their models may be acted on."""
+
+    def __init__(self, api_client: Any, *, namespace: str, name: str = "tidegate-leader", buckets: int,
+                 identity: str | None = None, lease_duration_s: int = 15, retry_period_s: float = 0.0,
+                 clock: Any = None, request_timeout_s: float = 5.0) -> None:
+        super().__init__(api_client, namespace=namespace, name=name, identity=identity,
+                         lease_duration_s=lease_duration_s, retry_period_s=retry_period_s, clock=clock,
+                         request_timeout_s=request_timeout_s)
+        self.buckets = buckets
+        self.leases = [KubernetesLeaseElector(api_client, namespace=namespace, name=bucket_lease_name(name, i, buckets),
+                                              identity=self.identity, lease_duration_s=lease_duration_s,
+                                              clock=clock, request_timeout_s=request_timeout_s)
+                       for i in range(buckets)]
+        self.members: list[str] = [self.identity]
+        """The live members as of the last round (this replica included)."""
+
+    def held(self) -> frozenset[int]:
+        """Buckets whose last renewal is still fresh."""
+        return frozenset(i for i, lease in enumerate(self.leases) if lease.is_leader())
+
+    def acquire_buckets(self) -> frozenset[int]:
+        now = self._now()
+        if self._tried_at is not None and self._tried_at <= now < self._tried_at + timedelta(seconds=self.retry_period_s):
+            return self.held()
+        self._tried_at = now
+        errors: list[str] = []
+        try:
+            self.members = live_members(self._heartbeat(now), now, self.lease_duration_s)
+        except Exception as e:  # noqa: BLE001 - the members Lease is for balance only; never stop on it
+            errors.append(f"members lease: {type(e).__name__}: {e}")
+            self.members = sorted(set(self.members) | {self.identity})
+        owner = assignment(set(self.members) | {self.identity}, self.buckets)
+        for i, lease in enumerate(self.leases):
+            if owner.get(i) == self.identity:
+                lease.try_acquire()
+            elif lease.is_leader():
+                # another live replica's share: hand it over at once (release blanks the holder, so
+                # it takes the bucket at its next round instead of after the lease duration)
+                log_handover(self.identity, lease.name, owner.get(i))
+                lease.release()
+            if lease.check_error:
+                errors.append(f"{lease.name}: {lease.check_error}")
+        self.check_error = "; ".join(errors) or None
+        self.last_error = self.check_error or self.last_error
+        return self.held()
+
+    def _heartbeat(self, now: datetime) -> dict[str, datetime]:
+        """Write this replica's heartbeat into the members Lease; returns every member's (a 409
+        from a concurrent writer is retried on a fresh read)."""
+        from kubernetes.client.exceptions import ApiException
+
+        name = members_lease_name(self.name)
+        for _ in range(4):
+            try:
+                lease = self.api.read_namespaced_lease(name, self.namespace, _request_timeout=self.request_timeout_s)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                lease = None
+            beats = _heartbeats(lease)
+            horizon = timedelta(seconds=self.lease_duration_s)
+            beats = {m: at for m, at in beats.items() if now - at < horizon}  # the departed drop out
+            beats[self.identity] = now
+            note = {MEMBERS_ANNOTATION: json.dumps({m: _micro(at) for m, at in sorted(beats.items())})}
+            try:
+                if lease is None:
+                    self.api.create_namespaced_lease(self.namespace, self._k8s.V1Lease(
+                        metadata=self._k8s.V1ObjectMeta(name=name, namespace=self.namespace, annotations=note),
+                        spec=self._k8s.V1LeaseSpec(lease_duration_seconds=self.lease_duration_s)),
+                        _request_timeout=self.request_timeout_s)
+                else:
+                    lease.metadata = lease.metadata or self._k8s.V1ObjectMeta(name=name, namespace=self.namespace)
+                    lease.metadata.annotations = {**(lease.metadata.annotations or {}), **note}
+                    self.api.replace_namespaced_lease(name, self.namespace, lease, _request_timeout=self.request_timeout_s)
+                return beats
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+        return beats  # lost every race this round: the others' view is fresh, ours joins next round
+
+    def release(self) -> None:
+        """Hand every held bucket over at once (on shutdown)."""
+        for lease in self.leases:
+            lease.release()
+
+
+def _heartbeats(lease: Any) -> dict[str, datetime]:
+    raw = ((lease.metadata.annotations or {}) if lease is not None and lease.metadata else {}).get(MEMBERS_ANNOTATION)
+    try:
+        data = json.loads(raw) if raw else {}
+        return {str(m): datetime.fromisoformat(str(t).replace("Z", "+00:00")) for m, t in data.items()}
+    except (ValueError, AttributeError):  # a hand-edited annotation: start the member list afresh
+        return {}
+
+
+def log_handover(identity: str, lease: str, to: str | None) -> None:
+    log(logger, logging.INFO, "bucket handed over for balance", identity=identity, lease=lease, to=to)
+
+
 __all__ = [
-    "KubernetesLeaseElector", "LeaderElectionSettings", "LeaderElector", "PostgresAdvisoryLock",
+    "KubernetesBucketElector", "KubernetesLeaseElector", "LeaderElectionSettings", "LeaderElector", "PostgresAdvisoryLock",
     "build_elector", "default_identity", "is_postgres_url", "libpq_dsn", "lock_key",
 ]

@@ -218,6 +218,7 @@ class PrometheusMetricsSource:
                                        retry=Retry(total=0, read=False), session=self._session)
         self._logged: dict[tuple[str, str, str], str] = {}
         self.last: Observation | None = None
+        self._custom: dict[str, tuple[str, ...]] = {}
 
     def close(self) -> None:
         self._session.close()
@@ -232,6 +233,35 @@ class PrometheusMetricsSource:
 
     def observe(self, models: Sequence[ModelSpec], now: datetime) -> Mapping[str, ModelSignals]:
         return self.observe_detailed(models, now).models
+
+    def set_queries(self, queries: Mapping[str, Sequence[str]]) -> None:
+        """The rules' own PromQL (``promql`` kind), per model: each distinct expression is run once
+        per tick, as written (no placeholder is substituted), and must return one series."""
+        self._custom = {m: tuple(dict.fromkeys(qs)) for m, qs in queries.items() if qs}
+
+    def _custom_samples(self, names: Sequence[str], now: datetime, down: str | None) -> tuple[dict[str, Sample], int]:
+        """Each wanted expression's sample (one query each), and the queries made."""
+        out: dict[str, Sample] = {}
+        made = 0
+        for q in dict.fromkeys(q for n in names for q in self._custom.get(n, ())):
+            if down is not None:
+                out[q] = Sample.missing(f"{down} (not queried: Prometheus unreachable earlier this tick)")
+                continue
+            made += 1
+            ans = self._query(q)
+            if ans.error is None and not ans.series:
+                ans.error = f"{Code.NO_DATA.value}: the query returned no series"
+            elif ans.error is None and len(ans.series) > 1:
+                ans.error = (f"{Code.SEVERAL_SERIES.value}: {len(ans.series)} series where one was expected (aggregate"
+                             f" the query, e.g. sum(...)): {'; '.join(_fmt_labels(s.labels) for s in ans.series[:3])}")
+            if ans.error is not None:
+                if ans.error.split(":", 1)[0] in _TRANSPORT_CODES:
+                    down = ans.error
+                out[q] = Sample.missing(ans.error)
+            else:
+                out[q] = self._one("promql", "*", "*", ans.series, None, now)
+            self._note("promql", "*", q[:120], out[q].reason if out[q].value is None else None, q)
+        return out, made
 
     def observe_detailed(self, models: Sequence[ModelSpec], now: datetime) -> Observation:
         names = [m.name for m in models]
@@ -300,9 +330,12 @@ class PrometheusMetricsSource:
                     continue
                 samples = {pool: ps[sig] for (m, pool), ps in per_pool.items() if m == n and sig in ps}
                 per_model[n][sig] = self._combine(sig, n, samples, ran.get(sig, ""))
+        custom, made = self._custom_samples(names, now, down)
+        queries += made
         signals = {}
         for n in names:
-            signals[n] = ModelSignals(n, now, samples={s: per_model[n][s] for s in SIGNALS})
+            signals[n] = ModelSignals(n, now, samples={s: per_model[n][s] for s in SIGNALS},
+                                      queries={q: custom[q] for q in self._custom.get(n, ())})
         obs = Observation(at=now, models=signals, pools={k: dict(v) for k, v in per_pool.items()}, queries=queries)
         self.last = obs
         return obs

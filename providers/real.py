@@ -24,7 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from providers.aws import AwsSettings
 from providers.cloudpool import CloudPoolSettings
 from providers.gcp import GcpSettings
+from providers.karpenter import KarpenterSettings
 from providers.kubernetes import KubernetesSettings
+from providers.kubeobjects import KubeObjectsSettings
 from providers.prometheus import PrometheusSettings
 from providers.registry import ProviderRegistry, installed
 
@@ -62,9 +64,11 @@ class RealSettings(_Strict):
     prometheus: PrometheusSettings | None = Field(None, description="The metrics source (required to run): Prometheus's HTTP API and the PromQL per signal.")
     triton: TritonSettings | None = Field(None, description="Optional fallback for queue depth, latency and request rate from Triton's own statistics while Prometheus cannot answer.")
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings, description="The cluster: connection, capacity-trouble timeouts, interruption taints.")
+    kubernetes_objects: KubeObjectsSettings = Field(default_factory=KubeObjectsSettings, description="ScalingPolicy objects (tidegate.dev/v1alpha1), their status and Events, annotations on scaled Deployments, and leaving alone Deployments an HPA or KEDA ScaledObject scales.")
     aws: AwsSettings = Field(default_factory=AwsSettings, description="Pools with provider aws: Auto Scaling groups, spot prices and the interruption queue.")
     gcp: GcpSettings = Field(default_factory=GcpSettings, description="Pools with provider gcp: managed instance groups and spot list prices.")
     cloud: CloudPoolSettings = Field(default_factory=CloudPoolSettings, description="How long capacity failures keep a cloud pool unavailable.")
+    karpenter: KarpenterSettings = Field(default_factory=KarpenterSettings, description="Pools with provider karpenter: the karpenter.sh API version, how long a failed NodeClaim launch keeps the pool unavailable.")
 
     def provider_settings(self, provider: str) -> Any:
         """The section named after a pool provider (``aws``, ``gcp``...), ``None`` if it has none."""

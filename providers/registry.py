@@ -62,6 +62,10 @@ class ProviderParts:
     """Periodic work for the daemon's scheduler (e.g. refreshing live spot prices)."""
     parts: dict[str, Any] = field(default_factory=dict)
     """Named pieces worth reaching from outside (e.g. aws's ``spot_prices``, ``interruptions``)."""
+    providers: dict[str, Any] = field(default_factory=dict)
+    """A whole ``PoolProvider`` per pool name, for a kind that composes the pool itself (e.g.
+    karpenter: the Kubernetes side plus what Karpenter's objects say); it replaces the default
+    composition (the Kubernetes side, with the pool's node group if any)."""
 
 
 class PoolProviderKind:

@@ -28,7 +28,7 @@ import tritonclient.http as triton_http  # type: ignore[import-untyped]
 from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
 
 from controller.core.model import ModelSignals, ModelSpec, Sample
-from controller.protocols import MeasuresPower
+from controller.protocols import EvaluatesQueries, MeasuresPower
 
 log = logging.getLogger("tidegate.providers.triton")
 
@@ -289,6 +289,11 @@ class CombinedMetricsSource:
     @property
     def degraded(self) -> dict[str, str]:
         return dict(self._degraded)
+
+    def set_queries(self, queries: Mapping[str, Sequence[str]]) -> None:
+        """PromQL for the rules that ask for it, evaluated by the primary source (Triton has no PromQL)."""
+        if isinstance(self.primary, EvaluatesQueries):
+            self.primary.set_queries(queries)
 
     def power_kw(self, model: str) -> Mapping[str, Sample]:
         """GPU power by pool from the primary source (Triton has no energy reading)."""

@@ -13,8 +13,9 @@ Which adapter holds a pool's nodes comes from the pool's ``provider`` through th
 functions. Building makes no network call: the first tick is the first observation (nothing is
 decided before every pool has been read).
 
-Dry-run: the pool providers are built in dry-run (``CloudPoolProvider`` and the Kubernetes side
-record what they would do), and the SQS interruption queue is *not* read, because reading it
+Dry-run is the ``Controller``'s act step alone (``controller.controller``: in dry-run it calls no
+provider's ``scale`` and records what it would have asked for); the pool providers have no dry-run
+of their own. Here it means one thing: the SQS interruption queue is *not* read, because reading it
 deletes the messages: a dry-run daemon beside an acting one would steal its interruption
 warnings. Node taints still show interruptions to a dry-run daemon.
 """
@@ -136,7 +137,8 @@ def build_real_pools(
     (``CloudPoolProvider``) with the node group its provider builds, if any. ``kube_api`` is a
     ``kubernetes.client.ApiClient``; ``settings`` default to the config's (or the defaults);
     ``clients`` hands a provider a client handle the caller holds (by provider name: a
-    ``boto3.Session`` for aws, credentials for gcp). ``dry_run`` defaults to the config's."""
+    ``boto3.Session`` for aws, credentials for gcp). ``dry_run`` (default: the config's) only keeps
+the providers from consuming shared queues (``BuildContext.dry_run``); acting is the controller's."""
     reg = registry or installed()
     if settings is None:
         settings = getattr(config.providers, "settings", None) or RealSettings()
@@ -150,7 +152,7 @@ def build_real_pools(
         if pc.name not in kubes:
             deployments = {m.name: m.deployments[pc.name] for m in config.models if pc.name in m.deployments}
             kubes[pc.name] = KubernetesPoolProvider(specs[pc.name], deployments, cluster,
-                                                    node_selector=pc.kubernetes.node_selector, settings=ks, dry_run=dry)
+                                                    node_selector=pc.kubernetes.node_selector, settings=ks)
         return kubes[pc.name]
 
     by_provider: dict[str, list[Any]] = {}
@@ -169,9 +171,12 @@ def build_real_pools(
         built = kind.build(pcs, BuildContext(settings.provider_settings(provider), kube, dry,
                                              clock, (clients or {}).get(provider)))
         for pc in pcs:
+            if pc.name in built.providers:  # the kind composed the pool itself
+                out[pc.name] = built.providers[pc.name]
+                continue
             group = built.groups.get(pc.name)
             out[pc.name] = kube(pc) if group is None else CloudPoolProvider(
-                kube(pc), group, settings=settings.cloud, dry_run=dry)
+                kube(pc), group, settings=settings.cloud)
         if built.prices is not None:
             prices[provider] = built.prices
         jobs += built.jobs

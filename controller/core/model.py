@@ -65,6 +65,11 @@ class ReplicaCapacity:
 
     output_tokens_per_s: float
     requests_per_s: float
+    prefill_tokens_per_s: float | None = None
+    """Prompt tokens/s one replica prefills at the SLO when doing nothing else (with
+    ``decode_tokens_per_s``: the capacity for any token mix, see ``controller.core.capacity``)."""
+    decode_tokens_per_s: float | None = None
+    """Output tokens/s one replica generates at the SLO when doing nothing else."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +182,9 @@ class PoolState:
     price_per_node_hour_usd: float | None = None
     """Live price (spot); ``None`` means use the static price from the pool spec."""
     at: datetime | None = None
+    max_nodes: int | None = None
+    """The provider's own bound on the pool's nodes now (a Karpenter NodePool's ``spec.limits``);
+    placement uses the smaller of it and the spec's ``max_nodes``. ``None``: the spec's alone."""
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -197,10 +205,13 @@ class ModelSignals:
     degraded: str | None
     """Why this observation is degraded (e.g. ``PrometheusUnavailable: ...`` while values come from
     a fallback source); ``None`` when healthy. Degraded observations never release capacity."""
+    queries: Mapping[str, Sample]
+    """PromQL expression -> its value this tick, for the expressions the model's rules asked the
+    metrics source to evaluate (the ``promql`` kind); an expression not evaluated is absent."""
 
     def __init__(self, model: str, at: datetime, *, samples: Mapping[str, Sample] | None = None,
                  pools: Mapping[str, PoolState] | None = None, degraded: str | None = None,
-                 **named: Sample) -> None:
+                 queries: Mapping[str, Sample] | None = None, **named: Sample) -> None:
         names = signal_table.model_signal_names()
         given = {**samples, **named} if samples else named
         full = {n: given.get(n, MISSING) for n in names}
@@ -213,6 +224,7 @@ class ModelSignals:
         object.__setattr__(self, "samples", full)
         object.__setattr__(self, "pools", {} if pools is None else pools)
         object.__setattr__(self, "degraded", degraded)
+        object.__setattr__(self, "queries", {} if queries is None else queries)
 
     @classmethod
     def all_missing(cls, model: str, at: datetime, sample: Sample, **kw: Any) -> "ModelSignals":
@@ -229,7 +241,12 @@ class ModelSignals:
     def replace_samples(self, **changes: Sample) -> "ModelSignals":
         """A copy with some samples changed."""
         return ModelSignals(self.model, self.at, samples={**self.samples, **changes}, pools=self.pools,
-                            degraded=self.degraded)
+                            degraded=self.degraded, queries=self.queries)
+
+    def query(self, expression: str) -> Sample:
+        """The value of a PromQL expression a rule asked for (missing when no source evaluated it)."""
+        return self.queries.get(expression) or Sample.missing(
+            "NotConfigured: no metrics source evaluated this query (the promql kind needs the Prometheus source)")
 
     if TYPE_CHECKING:
         # ``signals.queue_depth`` and the like: one accessor per table row (installed below; rows a

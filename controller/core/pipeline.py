@@ -37,6 +37,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
+from controller.core import capacity as learned_capacity
 from controller.core import stabilize as stab
 from controller.core.model import (
     Decision,
@@ -124,9 +125,11 @@ def _slo_targets(spec: PolicySpec) -> SLOTargets:
 def _weighted_capacity(
     model: ModelSpec, pools: Mapping[str, PoolSpec], current: Mapping[str, int]
 ) -> ReplicaCapacity | None:
-    """Replica-weighted mean capacity over the GPU types now holding replicas; ``None`` if none do."""
+    """Replica-weighted mean capacity over the GPU types now holding replicas; ``None`` if none do.
+    Prefill and decode tokens/s average too, when every GPU type present gives them."""
     weight = 0
-    tokens = requests = 0.0
+    tokens = requests = prefill = decode = 0.0
+    mix_free = True
     for name, replicas in current.items():
         spec = pools.get(name)
         cap = None if replicas <= 0 or spec is None else model.capacity.get(spec.gpu_type)
@@ -135,22 +138,29 @@ def _weighted_capacity(
         weight += replicas
         tokens += replicas * cap.output_tokens_per_s
         requests += replicas * cap.requests_per_s
+        if cap.prefill_tokens_per_s is None or cap.decode_tokens_per_s is None:
+            mix_free = False
+        else:
+            prefill += replicas * cap.prefill_tokens_per_s
+            decode += replicas * cap.decode_tokens_per_s
     if not weight:
         return None
     if len(model.capacity) == 1:
         return next(iter(model.capacity.values()))
-    return ReplicaCapacity(tokens / weight, requests / weight)
+    if not mix_free:
+        return ReplicaCapacity(tokens / weight, requests / weight)
+    return ReplicaCapacity(tokens / weight, requests / weight, prefill / weight, decode / weight)
 
 
-def _capacity(
+def _profile_capacity(
     model: ModelSpec,
     pools: Mapping[str, PoolSpec],
     signals: ModelSignals,
     current: Mapping[str, int],
     policy: EffectivePolicy,
 ) -> ReplicaCapacity | None:
-    """Replica-weighted mean capacity over the GPU types now holding replicas; with no replicas,
-    the capacity on the GPU type of the pool the first replica would go to."""
+    """The bundle's capacity: replica-weighted mean over the GPU types now holding replicas; with
+    no replicas, the capacity on the GPU type of the pool the first replica would go to."""
     if not model.capacity:
         return None
     weighted = _weighted_capacity(model, pools, current)
@@ -164,6 +174,88 @@ def _capacity(
         if gpu in model.capacity:
             return model.capacity[gpu]
     return next(iter(model.capacity.values()))
+
+
+def _load_units(signals: ModelSignals, prior: ReplicaCapacity, now: datetime, max_age_s: float) -> float | None:
+    """The load in replicas of the prior's capacity: the larger of requests and output tokens."""
+    units = None
+    for sample, per in ((signals.request_rate_per_s, prior.requests_per_s),
+                        (signals.output_tokens_per_s, prior.output_tokens_per_s)):
+        v = sample.fresh(now, max_age_s)
+        if v is not None and per > 0:
+            units = max(units or 0.0, v / per)
+    return units
+
+
+def _capacity(
+    model: ModelSpec,
+    pools: Mapping[str, PoolSpec],
+    signals: ModelSignals,
+    current: Mapping[str, int],
+    policy: EffectivePolicy,
+    history: History,
+    now: datetime,
+) -> learned_capacity.Learned | None:
+    """The per-replica capacity for the served token mix, corrected by what ready replicas
+    sustain (``controller.core.capacity``); ``None`` if the bundle declares none."""
+    base = _profile_capacity(model, pools, signals, current, policy)
+    if base is None:
+        return None
+    spec = policy.spec
+    max_age_s = spec.missing_data.max_signal_age_s
+    state = history.rule_state.get(learned_capacity.STATE_KEY, _EMPTY_STATE)
+    c = spec.capacity
+    mix = learned_capacity.smoothed_mix(state, learned_capacity.observed_mix(signals, now, max_age_s),
+                                        now.timestamp(), c.mix_tau_s)
+    prior = learned_capacity.for_mix(base, mix)
+    ready, total = signals.ready_replicas, sum(current.values())
+    obs = learned_capacity.Observed(
+        now_s=now.timestamp(), load_units=_load_units(signals, prior, now, max_age_s), ready=ready or 0,
+        settled=ready is not None and ready >= total > 0, slack=int(spec.behavior.tolerance * (ready or 0)),
+        pressure=_pressure(signals, spec, ready, now, max_age_s))
+    c = spec.capacity
+    scale, evidence, new_state = learned_capacity.learn(state, obs, c, _planned_fraction(policy))
+    cap = learned_capacity.for_mix(base, mix, scale)
+    new_state.update(learned_capacity.shown(cap, prior, evidence))
+    if mix is not None:
+        new_state["mix"] = (now.timestamp(), mix.prompt_tokens, mix.output_tokens)
+    return learned_capacity.Learned(cap, prior, scale, evidence, new_state)
+
+
+def _waited_ttft(signals: ModelSignals, queue: float | None, now: datetime, max_age_s: float) -> float | None:
+    """The fresh p99 TTFT, or ``None`` while no request waits (its window then remembers a backlog
+    already served)."""
+    return None if queue == 0 else signals.p99_ttft_ms.fresh(now, max_age_s)
+
+
+def _pressure(signals: ModelSignals, spec: PolicySpec, ready: int | None, now: datetime, max_age_s: float
+              ) -> float | None:
+    """How close the ready replicas are to the SLO (1 = at it): p99 TTFT over its target where
+    measured, else the mean wait (Little's law: queue / request rate) over ``wait_fraction`` of the
+    TTFT target; and the queue per replica and p99 latency over theirs. The largest counts. A p99
+    TTFT over a window while no request waits is the window's memory of a backlog already served
+    (after a cold start into a queue it stays high for the window): it counts only with a queue."""
+    queue = signals.queue_depth.fresh(now, max_age_s)
+    rate = signals.request_rate_per_s.fresh(now, max_age_s)
+    latency = signals.p99_latency_ms.fresh(now, max_age_s)
+    ttft = _waited_ttft(signals, queue, now, max_age_s)
+    slo = spec.slo
+    ratios = []
+    if queue is not None and ready and slo.queue_depth_per_replica:
+        ratios.append(queue / ready / slo.queue_depth_per_replica)
+    if ttft is not None and slo.ttft_p99_ms:
+        ratios.append(ttft / slo.ttft_p99_ms)
+    elif queue is not None and rate and slo.ttft_p99_ms:
+        ratios.append(queue / rate * 1000.0 / (slo.ttft_p99_ms * spec.capacity.wait_fraction))
+    if latency is not None and slo.p99_latency_ms:
+        ratios.append(latency / slo.p99_latency_ms)
+    return max(ratios, default=None)
+
+
+def _planned_fraction(policy: EffectivePolicy) -> float:
+    """The smallest share of its capacity a rule plans a replica to run at (0.8 by default)."""
+    fractions = [f for r in policy.rules if isinstance(f := getattr(r.params, "capacity_fraction", None), float)]
+    return min(fractions, default=0.8)
 
 
 def _ask(rule: Any, ctx: PolicyContext) -> Recommendation:
@@ -262,10 +354,13 @@ def _no_target(op: _Opinions) -> tuple[str, str]:
     return Reason.NO_RULES.value, "no rule has a target opinion"
 
 
-def _recommend(op: _Opinions, current: int) -> _Step:
-    """Stage 1: every rule's opinion; the largest target is the value, none at all holds ``current``."""
+def _recommend(op: _Opinions, current: int, learned: learned_capacity.Learned | None = None) -> _Step:
+    """Stage 1: every rule's opinion; the largest target is the value, none at all holds ``current``.
+    The message ends with the capacity the rules sized with (learned, and the profile's)."""
     summary = "; ".join(f"{r.rule}={r.replicas} ({r.reason}{': ' + r.message if r.message else ''})"
                         for r in op.recs)
+    if learned is not None:
+        summary = f"{summary} [{learned.describe()}]" if summary else f"[{learned.describe()}]"
     if op.best is not None:
         value = op.best.replicas or 0
         return _Step(value, op.best.reason, Stage("recommend", value, op.best.reason, summary))
@@ -501,11 +596,14 @@ def decide(
         return _not_observed(model, pools, states, policy, history, previous, unknown, now)
     current = sum(previous.values())
     max_age_s = spec.missing_data.max_signal_age_s
+    learned = _capacity(model, pools, signals, previous, policy, history, now)
     op = _opinions(policy, history, partial(
         PolicyContext, model=model, signals=signals, now=now, current_replicas=current,
-        ready_replicas=signals.ready_replicas, capacity=_capacity(model, pools, signals, previous, policy),
+        ready_replicas=signals.ready_replicas, capacity=None if learned is None else learned.capacity,
         slo=_slo_targets(spec), max_signal_age_s=max_age_s))
-    recommended = _recommend(op, current)
+    if learned is not None:
+        op.rule_state[learned_capacity.STATE_KEY] = learned.state
+    recommended = _recommend(op, current, learned)
     combined = _combine(op, recommended, current)
     tolerated = _tolerance(combined, current, spec.behavior)
     guarded = _missing_data(tolerated, op.missing, signals, current, spec.missing_data)

@@ -76,7 +76,8 @@ class _Pool:
         self.tier = spec.tier.rank
         self.priority = spec.priority
         self.per_node = spec.replicas_per_node(model)
-        self.capacity = spec.max_nodes * self.per_node
+        bound = spec.max_nodes if state is None or state.max_nodes is None else min(spec.max_nodes, max(0, state.max_nodes))
+        self.capacity = bound * self.per_node
         self.price = pool_price(spec, state)
         # pricing.replica_price, with the price and replicas per node this pool already holds: hot loop
         self.eff_cost = self.price / self.per_node if self.per_node > 0 else float("inf")
@@ -129,6 +130,10 @@ class PlacementResult:
     """Replicas removed from the kept placement to get within the budget."""
     cap_usd: float | None = None
     """The cost ceiling applied, USD per hour."""
+    why: tuple[str, ...] = ()
+    """Why each pool got what it got, for people: the order pools were filled in with the
+    replica-hour prices that set it (``gcp-spot before aws-spot: $3.75 vs $3.79 per replica-hour``),
+    pools that are full, on-demand left out by the policy."""
 
     @property
     def total(self) -> int:
@@ -137,9 +142,8 @@ class PlacementResult:
     def message(self) -> str:
         pools = ", ".join(f"{k}={v}" for k, v in self.replicas.items())
         head = f"placed {self.total} of {self.requested}: {pools}; ${self.cost_per_hour_usd:.2f}/h"
-        if not self.events:
-            return head
-        return head + "; " + "; ".join(msg for _, msg in self.events)
+        parts = [msg for _, msg in self.events] + [f"why: {w}" for w in self.why]
+        return "; ".join([head, *parts])
 
 
 def preferred_pool(
@@ -254,6 +258,7 @@ def place(
         budget_limited=short.budget_limited,
         budget_removed=trim.removed,
         cap_usd=cap,
+        why=_why(views, placement.allow_on_demand),
     )
 
 
@@ -520,6 +525,33 @@ def _shortfall(views: list[_Pool], want: int, cap: float | None, allow_on_demand
     if short > 0 and room > 0 and cap is not None:
         events.append((Reason.BUDGET_CAP_REACHED.value, f"{min(short, room)} more would exceed the ${cap:.2f}/h cap"))
     return _Shortfall(capacity_limited, budget_removed > 0 or (short > 0 and room > 0), events)
+
+
+def _why(views: list[_Pool], allow_on_demand: bool) -> tuple[str, ...]:
+    """Why each pool got what it got: within each tier the fill order with the prices that set it
+    (only pairs where one of the two holds replicas), full pools, on-demand left out."""
+    usable = [p for p in views if p.usable]
+    out = [line for tier in (_ONPREM, _SPOT, _ONDEMAND) for line in _order(usable, tier)]
+    out.extend(f"{p.name} full: {p.replicas} of {p.capacity}" for p in usable
+               if p.capacity > 0 and p.replicas >= p.capacity)
+    if not allow_on_demand and any(p.tier == _ONDEMAND for p in usable):
+        out.append("on-demand pools left out: the policy does not allow on-demand")
+    return tuple(out)
+
+
+def _order(usable: list[_Pool], tier: int) -> list[str]:
+    """The fill order of one tier's pools, pair by pair, where one of the pair holds replicas."""
+    ranked = sorted((p for p in usable if p.tier == tier), key=_Pool.rank)
+    return [_before(a, b) for a, b in zip(ranked, ranked[1:]) if a.replicas or b.replicas]
+
+
+def _before(a: _Pool, b: _Pool) -> str:
+    """``a before b`` with what ordered them: the replica-hour price, else priority, else name."""
+    if abs(a.eff_cost - b.eff_cost) > _EPS_USD:
+        return f"{a.name} before {b.name}: ${a.eff_cost:.2f} vs ${b.eff_cost:.2f} per replica-hour"
+    if a.priority != b.priority:
+        return f"{a.name} before {b.name}: same ${a.eff_cost:.2f} per replica-hour, priority {a.priority} vs {b.priority}"
+    return f"{a.name} before {b.name}: same ${a.eff_cost:.2f} per replica-hour and priority, by name"
 
 
 def _reason(kept: _Kept, short: _Shortfall, on_demand: int) -> str:

@@ -18,6 +18,8 @@ class Reason(str, enum.Enum):
     QUEUE_ABOVE_TARGET = "QueueAboveTarget"
     UTILIZATION_ABOVE_TARGET = "UtilizationAboveTarget"
     THROUGHPUT_ABOVE_CAPACITY = "ThroughputAboveCapacity"
+    QUERY_ABOVE_TARGET = "QueryAboveTarget"
+    """A promql rule's expression is above its target per replica."""
     WITHIN_TARGETS = "WithinTargets"
     BELOW_TARGETS = "BelowTargets"
     SCHEDULE_WINDOW = "ScheduleWindow"

@@ -87,6 +87,9 @@ class Signal:
     """What the default query reads (the PromQL setting's description)."""
     model_signal: bool = True
     """A ``ModelSignals`` sample; ``False``: read per pool only (input to another computation)."""
+    imported_from: str = ""
+    """A regular expression over metric names (``tidegate import`` of an HPA's or a ScaledObject's
+    metrics): a metric whose name it matches carries this signal (``""``: none)."""
     undefined_when_idle: bool = False
     """Undefined, rather than missing, while the model serves no request: absent with reason
     ``NoRequests``, or while ``request_rate_per_s`` is a fresh 0. ``slo-guard`` then has nothing
@@ -126,6 +129,7 @@ SIGNALS: tuple[Signal, ...] = (
                "sum by (${model}, ${pool}) (nv_inference_pending_request_count)",
         promql_help="Requests waiting per model and pool. TensorRT-LLM: nv_trt_llm_request_metrics{request_type=\"waiting\"}"
                     " (the in-flight batcher's queue); other Triton backends: nv_inference_pending_request_count.",
+        imported_from=r"pending_request|queue|waiting",
     ),
     Signal(
         "p99_latency_ms", "ms", Combine.MAX,
@@ -150,6 +154,18 @@ SIGNALS: tuple[Signal, ...] = (
         undefined_when_idle=True,
     ),
     Signal(
+        "p99_ttft_ms", "ms", Combine.MAX,
+        "p99 time to first token (queueing plus prefill): how close the replicas are to the TTFT target.",
+        "Undefined while the model is idle (reason NoRequests, or a fresh request rate of 0). Otherwise "
+        + _MISSING_DATA + " The learned capacity then judges pressure from the queue instead.",
+        Reason.LATENCY_ABOVE_TARGET,
+        promql="histogram_quantile(0.99, sum by (${model}, ${pool}, le)"
+               " (rate(nv_inference_first_response_histogram_ms_bucket[${window}])))",
+        promql_help="p99 time to first response in ms from Triton's nv_inference_first_response_histogram_ms"
+                    " (needs --metrics-config histogram_latencies=true).",
+        undefined_when_idle=True,
+    ),
+    Signal(
         "gpu_utilization_pct", "%", Combine.MEAN,
         "Mean GPU utilization of the model's GPUs, 0-100.",
         _HOLD,
@@ -158,6 +174,7 @@ SIGNALS: tuple[Signal, ...] = (
                " + on (namespace, pod) group_left avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL))",
         promql_help="GPU utilization 0-100 of the GPUs of the serving pods: DCGM_FI_DEV_GPU_UTIL joined on"
                     " (namespace, pod) to Triton's series.",
+        imported_from=r"gpu_util|DCGM_FI_DEV_GPU_UTIL",
     ),
     Signal(
         "request_rate_per_s", "requests/s", Combine.SUM,
@@ -166,6 +183,7 @@ SIGNALS: tuple[Signal, ...] = (
         Reason.THROUGHPUT_ABOVE_CAPACITY,
         promql="sum by (${model}, ${pool}) (rate(nv_inference_request_success[${window}]))",
         promql_help="Successful requests per second (rate of nv_inference_request_success).",
+        imported_from=r"request_success|requests?_per_s|request_rate|http_requests",
     ),
     Signal(
         "output_tokens_per_s", "tokens/s", Combine.SUM,

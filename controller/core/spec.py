@@ -135,6 +135,30 @@ class MissingData(_Strict):
     max_signal_age_s: float = Field(60, gt=0, le=MAX_WINDOW_S, description=f"Samples older than this count as missing, seconds (at most {MAX_WINDOW_S}).")
 
 
+class CapacityLearning(_Strict):
+    """``spec.capacity``: how the per-replica capacity is corrected online from what ready
+    replicas sustain (``controller.core.capacity``)."""
+
+    learn: bool = Field(True, description="Correct the bundle's capacity profile online from the load ready replicas sustain (queue and latency near their targets: at capacity; calm: at least that much). false: use the profile as is.")
+    tau_s: float = Field(60, gt=0, le=MAX_WINDOW_S, description="Time constant of the pressure smoothing, seconds (a pressure reading moves the smoothed value 63 % of the way in this time); also the hold-off after replicas become ready, while the signals still show the backlog they drain. Confirmed pressure lowers the learned value at once to the load it was seen at.")
+    probe_per_min: float = Field(0, ge=0, le=1, description="While replicas are calm near their planned load and no recent pressure forbids it, raise the learned capacity above the profile by this fraction per minute (a fleet sized by a pessimistic profile never shows that it could carry more; a probe runs replicas up to the SLO's edge to find out, so it is opt-in). 0: the profile is the most a replica is trusted with; a value learned below it still recovers toward it at 15 % a minute.")
+    pressure_ratio: float = Field(0.75, gt=0, le=10, description="Pressure (the largest of: queue per ready replica over slo.queue_depth_per_replica, the mean wait, queue over request rate, over wait_fraction x slo.ttft_p99_ms, p99 latency over slo.p99_latency_ms; smoothed over tau_s) at or above this, and not easing, means the replicas are at capacity.")
+    calm_ratio: float = Field(0.5, ge=0, le=10, description="Pressure at or below this means the replicas carry their load with room.")
+    wait_fraction: float = Field(0.1, gt=0, le=1, description="The mean wait that counts as at the SLO, as a fraction of slo.ttft_p99_ms (a p99 is several times the mean of a queueing wait).")
+    burst_share: float = Field(0.75, ge=0, le=10, description="Pressure counts as evidence only while the load per ready replica is at least this share of its planned load (capacity x capacity_fraction); below, it is a burst inside the rate window, not a measure of capacity.")
+    mix_tau_s: float = Field(300, gt=0, le=MAX_WINDOW_S, description="Time constant, seconds, over which the observed token mix (prompt and output tokens per request) is averaged before the capacity is computed for it.")
+    memory_s: float = Field(1800, ge=0, le=MAX_WINDOW_S, description="How long the load at which pressure was last seen bounds the upward probing, seconds.")
+    min_scale: float = Field(0.25, gt=0, le=1, description="The learned capacity never goes below this multiple of the profile's.")
+    max_scale: float = Field(4.0, ge=1, le=100, description="The learned capacity never goes above this multiple of the profile's.")
+
+
+class Mode(str, enum.Enum):
+    """Whether tidegate scales a model or only shadows what scales it."""
+
+    ACTIVE = "active"
+    SHADOW = "shadow"
+
+
 class PolicySpec(_Strict):
     model: str = Field(description="The model (bundle name in the daemon config) this policy scales.")
     priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY, description=f"When several files set behaviour for one model, the highest priority wins (ties are an error); within +-{MAX_PRIORITY}.")
@@ -145,6 +169,11 @@ class PolicySpec(_Strict):
     placement: Placement = Field(default_factory=Placement, description="How the total is spread over pools.")
     budget: Budget = Field(default_factory=Budget, description="Cost ceilings, never exceeded.")
     missing_data: MissingData = Field(default_factory=MissingData, description="Behaviour when signals are missing or stale.")
+    capacity: CapacityLearning = Field(default_factory=CapacityLearning, description="Online correction of the per-replica capacity (learned capacity).")
+
+
+    mode: Mode = Field(Mode.ACTIVE, description="active: tidegate scales the model. shadow: it observes the model's Deployments while something else scales them (an HPA, KEDA, a person), decides as if in charge of a fleet of its own, never acts, and records both; `tidegate report --shadow` compares them.")
+    adopt: bool = Field(False, description="Take over Deployments that a HorizontalPodAutoscaler, a KEDA ScaledObject or another tidegate policy also scales. Off: while the daemon watches for them (providers.settings.kubernetes_objects.enabled) such a pool is left alone (AbleToScale=False). Remove the other autoscaler first; with both acting they fight over the replica count.")
 
     @field_validator("rules")
     @classmethod
@@ -152,6 +181,8 @@ class PolicySpec(_Strict):
         seen: set[str] = set()
         for r in rules:
             n = r.name or r.kind
+            if n.startswith("@"):
+                raise ValueError(f"rule name {n!r} starts with '@', which is reserved for tidegate's own state; rename it")
             if n in seen:
                 raise ValueError(f"rule name {n!r} appears twice; give each rule a distinct name")
             seen.add(n)

@@ -185,6 +185,7 @@ def pool_state_to_json(state: PoolState) -> dict[str, Any]:
         "recent_interruptions": state.recent_interruptions,
         "price_per_node_hour_usd": encode_float(state.price_per_node_hour_usd),
         "at": _opt_datetime(state.at),
+        "max_nodes": state.max_nodes,
     }
 
 
@@ -200,6 +201,7 @@ def pool_state_from_json(data: Mapping[str, Any]) -> PoolState:
         recent_interruptions=int(data.get("recent_interruptions", 0)),
         price_per_node_hour_usd=decode_float(data.get("price_per_node_hour_usd")),
         at=_opt_decode_datetime(data.get("at")),
+        max_nodes=data.get("max_nodes"),
     )
 
 
@@ -209,6 +211,8 @@ def signals_to_json(signals: ModelSignals) -> dict[str, Any]:
         out[name] = sample_to_json(sample)
     out["pools"] = {name: pool_state_to_json(st) for name, st in signals.pools.items()}
     out["degraded"] = signals.degraded
+    if signals.queries:
+        out["queries"] = {q: sample_to_json(s) for q, s in signals.queries.items()}
     return out
 
 
@@ -225,6 +229,7 @@ def signals_from_json(data: Mapping[str, Any]) -> ModelSignals:
         pools={name: pool_state_from_json(st) for name, st in (data.get("pools") or {}).items()},
         degraded=data.get("degraded"),
         samples=samples,
+        queries={q: sample_from_json(s) for q, s in (data.get("queries") or {}).items()},
     )
 
 

@@ -37,6 +37,8 @@ __all__ = [
     "OverrideRow",
     "AuditRow",
     "PolicyVersionRow",
+    "JournalReplayRow",
+    "RollupRow",
 ]
 
 # Deterministic constraint and index names, identical on every backend, so the literal DDL of the
@@ -102,6 +104,12 @@ class DecisionRow(Base):
     __tablename__ = "decisions"
     __table_args__ = (
         sa.Index("ix_decisions_model_at", "model", "at"),
+        # /v1/decisions?model= pages by id within one model: without it SQLite sorts the model's
+        # whole history for every page
+        sa.Index("ix_decisions_model_id", "model", "id"),
+        # No index on outcome: the outcome is written by an update right after the intent, which
+        # PostgreSQL makes in place (HOT; the migration leaves 15 % of each page free for it)
+        # only while no index covers an updated column.
         sa.CheckConstraint(
             "outcome IN ('pending', 'applied', 'partial', 'failed', 'skipped', 'dry-run')",
             name="outcome",
@@ -132,6 +140,14 @@ class DecisionRow(Base):
     rule_state: Mapped[dict[str, Any]] = mapped_column(JSONType)
     outcome: Mapped[str] = mapped_column(sa.String(16), default="pending")
     outcome_detail: Mapped[str | None] = mapped_column(sa.Text)
+    noop_actions: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    """Provider calls that found nothing to change: counted here, not stored as action rows."""
+    # Rows written since the write-path migration keep signals, recommendations, trace and rule
+    # state in ``payload`` (``controller.db.payload``: compressed against the row ``payload_prev``
+    # of the same model, keyframe ``payload_base``); their JSON columns above hold empty values.
+    payload: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
+    payload_prev: Mapped[int | None] = mapped_column(sa.Integer)
+    payload_base: Mapped[int | None] = mapped_column(sa.Integer)
 
     actions: Mapped[list[ActionRow]] = relationship(
         back_populates="decision", order_by="ActionRow.id", cascade="all, delete-orphan"
@@ -205,3 +221,45 @@ class PolicyVersionRow(Base):
     """Where the version came from (file paths and their hashes), as the policy loader reports."""
     content: Mapped[str] = mapped_column(sa.Text)
     first_seen_at: Mapped[datetime]
+
+
+class JournalReplayRow(Base):
+    """A local journal (intents written while the database was away) that has been replayed:
+    committed in the same transaction as its rows, so a journal is replayed exactly once even when
+    the daemon dies between the commit and the journal's removal."""
+
+    __tablename__ = "journal_replays"
+
+    journal_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    replayed_at: Mapped[datetime]
+    entries: Mapped[int] = mapped_column(sa.Integer)
+
+
+class RollupRow(Base):
+    """One model's decisions of one hour, compacted by the retention job once the full rows are
+    older than the retention period: replicas per pool, cost, signal summaries, counts by reason
+    and by outcome."""
+
+    __tablename__ = "decision_rollups"
+    __table_args__ = (sa.UniqueConstraint("model", "hour"),)
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    model: Mapped[str] = mapped_column(sa.String(253))
+    hour: Mapped[datetime]
+    """Start of the hour (UTC)."""
+    decisions: Mapped[int] = mapped_column(sa.Integer)
+    first_id: Mapped[int] = mapped_column(sa.Integer)
+    last_id: Mapped[int] = mapped_column(sa.Integer)
+    replicas_min: Mapped[int] = mapped_column(sa.Integer)
+    replicas_max: Mapped[int] = mapped_column(sa.Integer)
+    replicas_last: Mapped[int] = mapped_column(sa.Integer)
+    placement: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    """Per pool: ``{"min": .., "max": .., "sum": .., "last": ..}`` replicas (mean: sum over decisions)."""
+    cost_per_hour_sum_usd: Mapped[float] = mapped_column(sa.Float)
+    """Sum of the decisions' cost per hour (the mean is this over ``decisions``)."""
+    cost_per_hour_max_usd: Mapped[float] = mapped_column(sa.Float)
+    signals: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    """Per signal: ``{"min": .., "max": .., "sum": .., "n": ..}`` over the measured samples."""
+    reasons: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    outcomes: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    scale_events: Mapped[int] = mapped_column(sa.Integer)

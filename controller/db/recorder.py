@@ -1,29 +1,116 @@
-"""The daemon's ``controller.controller.Recorder``: decisions, outcomes, history and overrides
-through the decision log (``Repository``)."""
+"""The daemon's ``controller.controller.Recorder``: the decision log (``Repository``), with a local
+journal (``controller.db.journal``) for the intents the database cannot take.
+
+Each method covers the whole tick: one query for every model's history, one for the overrides, one
+transaction for the intents, one for the outcomes. When the database refuses an intent for a
+reason of its own (unreachable, disk full: SQLAlchemy's ``OperationalError`` / ``InterfaceError``)
+and a journal is configured, the intents are appended to it and returned as ``journaled`` (the
+controller then acts on growing pools only); outcomes follow their intents there. Before reading
+or writing anything the recorder replays a waiting journal, so the log keeps the order of events.
+"""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
-from typing import Sequence
+from typing import Mapping, Sequence
 
-from controller.core.model import Action, Decision, History, ModelSignals, Override
+import sqlalchemy.exc as sa_exc
+
+from controller.controller import Outcome, PendingIntent, RecordedIntents
+from controller.core.model import Decision, History, ModelSignals, Override
+from controller.db.journal import Journal
 from controller.db.repo import Repository
+from controller.logs import log
+
+logger = logging.getLogger("tidegate.recorder")
+
+UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError)
+"""The database's own failures (cannot connect, connection lost, disk full): an intent it refuses
+for one of these goes to the journal. Anything else is a bug and raises."""
 
 
 class RepositoryRecorder:
-    """Each decision is one row (outcome ``pending``) and then its actions and outcome."""
+    """The decision log as the controller's recorder; ``journal``: where intents go while the
+    database is away (``None``: nowhere, and the tick acts on nothing)."""
 
-    def __init__(self, repo: Repository) -> None:
+    def __init__(self, repo: Repository, journal: Journal | None = None) -> None:
         self.repo = repo
+        self.journal = journal
+        self._settled: dict[int, str] = {}
+        """Intents stored ``skipped`` at once (decisions that act on nothing), with their detail."""
 
-    def history(self, model: str, now: datetime, horizon_s: float) -> History:
-        return self.repo.rebuild_history(model, now, horizon_s)
+    # --- reads ---------------------------------------------------------------------------------
 
-    def overrides(self, model: str, now: datetime) -> Sequence[Override]:
-        return self.repo.active_overrides(now, model=model)
+    def histories(self, horizons: Mapping[str, float], now: datetime) -> Mapping[str, History]:
+        return self.repo.rebuild_histories(horizons, now)
 
-    def decision(self, decision: Decision, signals: ModelSignals, dry_run: bool) -> int:
-        return self.repo.record_decision(decision, signals, dry_run)
+    def flush(self, now: datetime) -> bool:
+        return self.replay(now)
 
-    def outcome(self, decision_id: int, actions: Sequence[Action], outcome: str, detail: str | None) -> None:
-        self.repo.record_actions(decision_id, actions, outcome, detail)
+    def overrides(self, now: datetime) -> Sequence[Override]:
+        return self.repo.active_overrides(now)
+
+    def pending(self, models: Sequence[str], since: datetime) -> Sequence[PendingIntent]:
+        return [PendingIntent(decision_id=r["id"], model=r["model"], at=r["at"], placement=r["placement"],
+                              previous_placement=r["previous_placement"], dry_run=r["dry_run"])
+                for r in self.repo.pending_decisions(models, since=since)]
+
+    # --- writes --------------------------------------------------------------------------------
+
+    def intents(self, items: Sequence[tuple[Decision, ModelSignals]], dry_run: bool) -> RecordedIntents:
+        recorded = self._intents(items, dry_run)
+        self._settled = {i: d.reason for i, (d, _) in zip(recorded.ids, items) if not d.actuate}
+        return recorded
+
+    def _intents(self, items: Sequence[tuple[Decision, ModelSignals]], dry_run: bool) -> RecordedIntents:
+        now = items[0][0].at if items else None
+        if now is None or self.replay(now):
+            try:
+                return RecordedIntents(self.repo.record_decisions([(d, sig, dry_run) for d, sig in items]))
+            except UNAVAILABLE as e:
+                if self.journal is None:
+                    raise
+                log(logger, logging.WARNING, "database refused the intents; journaled locally, only scale-ups act",
+                    error=_words(e), journal=str(self.journal.path), decisions=len(items))
+        assert self.journal is not None  # replay() is True without one
+        return RecordedIntents(self.journal.append_intents(items, dry_run), journaled=True)
+
+    def outcomes(self, items: Sequence[Outcome]) -> None:
+        # a decision that does not actuate was stored skipped with its intent: nothing to add
+        rows = [(o.decision_id, o.actions, o.outcome, o.detail, o.applied_replicas) for o in items
+                if not (o.outcome == "skipped" and not o.actions and o.applied_replicas is None
+                        and self._settled.get(o.decision_id, None) == o.detail)]
+        if not rows:
+            return
+        if self.journal is not None and (self.journal.exists() or any(o.decision_id < 0 for o in items)):
+            self.journal.append_outcomes(rows)  # after their intents, in order
+            return
+        try:
+            self.repo.record_outcomes(rows)
+        except UNAVAILABLE as e:
+            if self.journal is None:
+                raise
+            log(logger, logging.WARNING, "database refused the outcomes; journaled locally", error=_words(e))
+            self.journal.append_outcomes(rows)
+
+    def replay(self, now: datetime) -> bool:
+        """Replay a waiting journal into the database and remove it; True when no journal waits
+        (now or any more), False while the database still refuses it."""
+        if self.journal is None or not self.journal.exists():
+            return True
+        journal_id, entries = self.journal.entries()
+        try:
+            written = self.repo.replay_journal(journal_id or self.journal.path.name, entries, now)
+        except UNAVAILABLE as e:
+            log(logger, logging.DEBUG, "journal not replayed yet: database unavailable", error=_words(e))
+            return False
+        self.journal.remove()
+        log(logger, logging.INFO, "journal replayed into the decision log", journal=journal_id, entries=len(entries),
+            decisions=written)
+        return True
+
+
+def _words(e: BaseException) -> str:
+    """The driver's one-line message, not SQLAlchemy's wrapping."""
+    return " ".join(str(getattr(e, "orig", None) or e).split())

@@ -19,20 +19,23 @@ tick). :meth:`Repository.rebuild_history` folds the rows within a horizon back i
 from __future__ import annotations
 
 import threading
+import zlib
+from dataclasses import dataclass
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import selectinload, sessionmaker
+from sqlalchemy.orm import Session, selectinload, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from controller.core.model import (
     Action,
+    ActionStatus,
     Decision,
     History,
     ModelSignals,
@@ -40,14 +43,26 @@ from controller.core.model import (
     OverrideKind,
     ScaleEvent,
 )
-from controller.db import codec
-from controller.db.models import OUTCOMES, ActionRow, AuditRow, DecisionRow, OverrideRow, PolicyVersionRow
+from controller.db import codec, payload, rollup
+from controller.db.models import (
+    OUTCOMES,
+    ActionRow,
+    AuditRow,
+    DecisionRow,
+    JournalReplayRow,
+    OverrideRow,
+    PolicyVersionRow,
+    RollupRow,
+)
 
 __all__ = ["Repository", "make_engine"]
 
 _SQLITE_BUSY_TIMEOUT_MS = 10_000
 """How long a SQLite writer waits for another connection's write lock before failing (ms): far
 longer than any of our transactions, short enough to surface a stuck writer."""
+
+_PG_RETENTION_LOCK = zlib.crc32(b"tidegate-retention")
+"""Key of the transaction advisory lock a compaction batch holds on PostgreSQL (one at a time)."""
 
 _BATCH = 500
 """Rows fetched per round trip by :meth:`Repository.all_decisions` (bounded memory on big logs)."""
@@ -111,6 +126,16 @@ def _tick_delta(decision: Decision) -> tuple[int | None, ScaleEvent | None]:
     return point, scale
 
 
+@dataclass(frozen=True)
+class _Chain:
+    """The newest row written of one model: the dictionary of its next row's payload."""
+
+    last_id: int
+    raw: bytes
+    base_id: int
+    length: int
+
+
 class Repository:
     """Reads and writes the decision log. Thread-safe; one instance per process is enough.
 
@@ -127,6 +152,8 @@ class Repository:
             self._engine = make_engine(engine_or_url, echo=echo)
             self._owns_engine = True
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
+        self._chains: dict[str, _Chain] = {}
+        """Per model, the last row this repository wrote (payload chains; see ``controller.db.payload``)."""
         self._lock: AbstractContextManager[Any] = nullcontext()
         self._read_lock: AbstractContextManager[Any] = nullcontext()
         if self._engine.dialect.name == "sqlite":
@@ -160,13 +187,13 @@ class Repository:
 
     # --- decisions -----------------------------------------------------------------------------
 
-    def record_decision(self, decision: Decision, signals: ModelSignals, dry_run: bool) -> int:
-        """Store one decision with the signals it was made from; returns its id. Its outcome is
-        ``pending`` until :meth:`record_actions` says what happened."""
+    @staticmethod
+    def _decision_values(decision: Decision, signals: ModelSignals, dry_run: bool) -> dict[str, Any]:
         if signals.model != decision.model:
             raise ValueError(f"signals are for model {signals.model!r}, decision for {decision.model!r}")
         point, scale = _tick_delta(decision)
-        row = DecisionRow(
+        rule_state = codec.to_jsonable(decision.history.rule_state)
+        return dict(
             model=decision.model,
             at=decision.at,
             policy_version=decision.policy_version,
@@ -176,23 +203,101 @@ class Repository:
             replicas=decision.replicas,
             reason=decision.reason,
             placement={k: int(v) for k, v in decision.placement.items()},
-            previous_placement={k: int(v) for k, v in decision.previous_placement.items()},
-            signals=codec.signals_to_json(signals),
-            recommendations=[codec.recommendation_to_json(r) for r in decision.recommendations],
-            trace=[codec.stage_to_json(s) for s in decision.trace],
+            previous_placement={},
+            # the JSON columns of rows before the payload format; new rows keep all of it in payload
+            signals={},
+            recommendations=[],
+            trace=[],
+            _doc={
+                "previous_placement": {k: int(v) for k, v in decision.previous_placement.items()},
+                "signals": codec.signals_to_json(signals),
+                "recommendations": payload.split_state(
+                    [codec.recommendation_to_json(r) for r in decision.recommendations], rule_state),
+                "trace": [codec.stage_to_json(s) for s in decision.trace],
+                "rule_state": rule_state,
+            },
             cost_per_hour_usd=decision.cost_per_hour_usd,
             interrupted_replaced=decision.interrupted_replaced,
             stabilization_replicas=point,
             scale_from_replicas=None if scale is None else scale.from_replicas,
             scale_to_replicas=None if scale is None else scale.to_replicas,
-            rule_state=codec.to_jsonable(decision.history.rule_state),
-            outcome="pending",
-            outcome_detail=None,
+            rule_state={},
+            # a decision that acts on nothing has its outcome now: one write, no update (on
+            # PostgreSQL an update leaves a dead row version behind until vacuum)
+            outcome="pending" if decision.actuate else "skipped",
+            outcome_detail=None if decision.actuate else decision.reason,
+            noop_actions=0,
         )
+
+    def record_decision(self, decision: Decision, signals: ModelSignals, dry_run: bool) -> int:
+        """Store one decision with the signals it was made from; returns its id. Its outcome is
+        ``pending`` until :meth:`record_actions` says what happened (``skipped`` at once for a
+        decision that does not actuate)."""
+        return self.record_decisions([(decision, signals, dry_run)])[0]
+
+    def record_decisions(self, items: Sequence[tuple[Decision, ModelSignals, bool]]) -> list[int]:
+        """Store a tick's decisions (each with its signals and dry-run flag), outcome ``pending``,
+        in one transaction (one bulk insert); returns their ids in the order given."""
+        rows = [self._decision_values(d, sig, dry_run) for d, sig, dry_run in items]
+        if not rows:
+            return []
         with self._lock, self._sessions.begin() as s:
-            s.add(row)
-            s.flush()
-            return row.id
+            ids, chains = self._insert_decisions(s, rows)
+        self._chains.update(chains)  # committed: later rows may use these as dictionaries
+        return ids
+
+    def _insert_decisions(self, s: Session, rows: list[dict[str, Any]]) -> tuple[list[int], dict[str, _Chain]]:
+        """Insert rows (bulk, in order) with their payloads compressed against their model's
+        previous row; returns the ids and the chains as they stand after them (for the caller to
+        keep once the transaction is committed)."""
+        stmt = sa.insert(DecisionRow).returning(DecisionRow.id, sort_by_parameter_order=True)
+        chains: dict[str, _Chain] = {}
+        ids: list[int] = []
+        waves: list[list[dict[str, Any]]] = []  # rows of distinct models, so each knows its previous id
+        for row in rows:
+            wave = next((w for w in waves[-1:] if all(r["model"] != row["model"] for r in w)), None)
+            if wave is None:
+                waves.append(wave := [])
+            wave.append(row)
+        for wave in waves:
+            raws = []
+            for row in wave:
+                chain = chains.get(row["model"]) or self._chains.get(row["model"])
+                keep = chain is not None and chain.length < payload.KEYFRAME_EVERY
+                row["payload"], raw = payload.encode(row.pop("_doc"), chain.raw if keep and chain else None)
+                row["payload_prev"] = chain.last_id if keep and chain else None
+                row["payload_base"] = chain.base_id if keep and chain else None
+                raws.append((raw, chain if keep else None))
+            new_ids = list(s.scalars(stmt, wave))
+            for row, new_id, (raw, chain) in zip(wave, new_ids, raws):
+                chains[row["model"]] = _Chain(new_id, raw, new_id if chain is None else chain.base_id,
+                                              1 if chain is None else chain.length + 1)
+            ids.extend(new_ids)
+        return ids, chains
+
+    def _docs(self, s: Session, rows: Sequence[Any]) -> dict[int, dict[str, Any]]:
+        """Signals, recommendations, trace and rule state of each row (``id``, ``model``,
+        ``payload``...): from the payload, whose chain is read in one query, or from the JSON
+        columns of a row written before the payload format."""
+        out: dict[int, dict[str, Any]] = {}
+        packed = [r for r in rows if r.payload is not None]
+        if packed:
+            q = (sa.select(DecisionRow.id, DecisionRow.payload, DecisionRow.payload_prev)
+                 .where(DecisionRow.model.in_({r.model for r in packed}),
+                        DecisionRow.id >= min(r.payload_base or r.id for r in packed),
+                        DecisionRow.id <= max(r.id for r in packed), DecisionRow.payload.is_not(None)))
+            chain = {i: (p, prev) for i, p, prev in s.execute(q) if p is not None}
+            cache: dict[int, bytes] = {}
+            for r in packed:
+                doc = payload.decode(r.id, chain, cache)
+                doc.setdefault("previous_placement", r.previous_placement)
+                doc["recommendations"] = payload.join_state(doc["recommendations"], doc["rule_state"])
+                out[r.id] = doc
+        for r in rows:
+            if r.payload is None:
+                out[r.id] = {"signals": r.signals, "recommendations": r.recommendations, "trace": r.trace,
+                             "rule_state": r.rule_state, "previous_placement": r.previous_placement}
+        return out
 
     def record_actions(
         self,
@@ -206,29 +311,130 @@ class Repository:
         """Store the provider calls made for a decision and set its outcome (one of
         ``models.OUTCOMES``). ``at``: when the calls were made; defaults to the decision's time.
         May be called more than once (a retry adds its calls; the last outcome wins)."""
-        if outcome not in OUTCOMES:
-            raise ValueError(f"outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
+        self.record_outcomes([(decision_id, actions, outcome, outcome_detail, None)], at=at)
+
+    def record_outcomes(
+        self,
+        items: Sequence[tuple[int, Sequence[Action], str, str | None, int | None]],
+        *,
+        at: datetime | None = None,
+    ) -> None:
+        """Store the outcomes of many decisions in one transaction: for each ``(decision_id,
+        actions, outcome, detail, applied_replicas)`` the calls (one bulk insert for all; calls
+        that changed nothing, ``noop``, are counted on the decision instead of stored) and the
+        outcome. ``applied_replicas`` (reconciliation): the total found applied, which becomes the
+        decision's scale step (dropped when nothing moved). ``at``: when the calls were made;
+        defaults to each decision's time."""
+        for _, _, outcome, _, _ in items:
+            if outcome not in OUTCOMES:
+                raise ValueError(f"outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
+        if not items:
+            return
         with self._lock, self._sessions.begin() as s:
-            row = s.get(DecisionRow, decision_id)
-            if row is None:
-                raise LookupError(f"no decision with id {decision_id}")
-            when = row.at if at is None else at
+            self._write_outcomes(s, items, at)
+
+    @staticmethod
+    def _write_outcomes(s: Session, items: Sequence[tuple[int, Sequence[Action], str, str | None, int | None]],
+                        at: datetime | None) -> None:
+        ids = [i[0] for i in items]
+        known = {r.id: r for r in s.execute(
+            sa.select(DecisionRow.id, DecisionRow.at, DecisionRow.noop_actions, DecisionRow.scale_from_replicas)
+            .where(DecisionRow.id.in_(ids)))}
+        missing = sorted(set(ids) - set(known))
+        if missing:
+            raise LookupError(f"no decision with id {', '.join(map(str, missing))}")
+        action_rows: list[dict[str, Any]] = []
+        updates: list[dict[str, Any]] = []
+        for decision_id, actions, outcome, detail, applied in items:
+            row = known[decision_id]
+            noops = 0
             for a in actions:
-                row.actions.append(
-                    ActionRow(
-                        at=when,
-                        provider=a.provider,
-                        call=a.call,
-                        pool=a.pool,
-                        model=a.model,
-                        arguments=codec.to_jsonable(a.arguments),
-                        status=a.status.value,
-                        error=a.error,
-                        latency_ms=a.latency_ms,
-                    )
-                )
-            row.outcome = outcome
-            row.outcome_detail = outcome_detail
+                if a.status is ActionStatus.NOOP:
+                    noops += 1
+                    continue
+                action_rows.append(dict(
+                    decision_id=decision_id, at=row.at if at is None else at, provider=a.provider,
+                    call=a.call, pool=a.pool, model=a.model, arguments=codec.to_jsonable(a.arguments),
+                    status=a.status.value, error=a.error, latency_ms=a.latency_ms))
+            update: dict[str, Any] = {"id": decision_id, "outcome": outcome, "outcome_detail": detail,
+                                      "noop_actions": row.noop_actions + noops}
+            if applied is not None and row.scale_from_replicas is not None:
+                moved = applied != row.scale_from_replicas
+                update.update(scale_to_replicas=applied if moved else None,
+                              scale_from_replicas=row.scale_from_replicas if moved else None)
+            updates.append(update)
+        if action_rows:
+            s.execute(sa.insert(ActionRow), action_rows)
+        # one UPDATE per distinct set of columns (executemany by primary key)
+        for keys in {tuple(sorted(u)) for u in updates}:
+            s.execute(sa.update(DecisionRow), [u for u in updates if tuple(sorted(u)) == keys])
+
+    def replay_journal(self, journal_id: str, entries: Sequence[Mapping[str, Any]], now: datetime) -> int:
+        """Write a local journal's entries (``controller.db.journal``) in order, in one
+        transaction that also records ``journal_id``; returns the number of decisions written, 0
+        when this journal was replayed before (exactly once, whatever crashes in between)."""
+        handles: dict[int, int] = {}
+        written = 0
+        chains: dict[str, _Chain] = {}
+        with self._lock, self._sessions.begin() as s:
+            if s.get(JournalReplayRow, journal_id) is not None:
+                return 0
+            i = 0
+            while i < len(entries):
+                intents = []
+                while i < len(entries) and entries[i]["kind"] == "intent":
+                    intents.append(entries[i])
+                    i += 1
+                if intents:
+                    rows = [self._decision_values(codec.decision_from_json(e["decision"]),
+                                                  codec.signals_from_json(e["signals"]), bool(e["dry_run"]))
+                            for e in intents]
+                    saved = self._chains
+                    self._chains = {**saved, **chains}
+                    try:
+                        new_ids, more = self._insert_decisions(s, rows)
+                    finally:
+                        self._chains = saved
+                    chains.update(more)
+                    handles.update(zip((int(e["handle"]) for e in intents), new_ids))
+                    written += len(rows)
+                outcomes = []
+                while i < len(entries) and entries[i]["kind"] == "outcome":
+                    e = entries[i]
+                    key = int(e["decision_id"])
+                    outcomes.append((handles[key] if key < 0 else key, [codec.action_from_json(a) for a in e["actions"]],
+                                     e["outcome"], e.get("detail"), e.get("applied_replicas")))
+                    i += 1
+                if outcomes:
+                    self._write_outcomes(s, outcomes, None)
+            s.add(JournalReplayRow(journal_id=journal_id, replayed_at=now, entries=len(entries)))
+        self._chains.update(chains)
+        return written
+
+    def list_journal_replays(self) -> list[dict[str, Any]]:
+        """Journals replayed into this log, newest first: ``journal_id``, ``replayed_at``, ``entries``."""
+        q = sa.select(JournalReplayRow).order_by(JournalReplayRow.replayed_at.desc())
+        with self._read_lock, self._sessions() as s:
+            return [{"journal_id": r.journal_id, "replayed_at": _iso(r.replayed_at), "entries": r.entries}
+                    for r in s.scalars(q)]
+
+    def pending_decisions(self, models: Sequence[str] | None = None, *,
+                          since: datetime | None = None) -> list[dict[str, Any]]:
+        """Decisions still ``pending`` (an intent without an outcome) made at or after ``since``,
+        oldest first: ``id``, ``model``, ``at``, ``placement``, ``previous_placement``,
+        ``dry_run``. With ``models`` and ``since`` the search runs on the ``(model, at)`` index
+        (no index on the outcome: it would stop PostgreSQL from updating outcomes in place)."""
+        q = sa.select(DecisionRow).where(DecisionRow.outcome == "pending")
+        if models is not None:
+            q = q.where(DecisionRow.model.in_(list(models)))
+        if since is not None:
+            q = q.where(DecisionRow.at >= since)
+        with self._read_lock, self._sessions() as s:
+            rows = list(s.scalars(q.order_by(DecisionRow.id)))
+            docs = self._docs(s, rows)
+        return [{"id": r.id, "model": r.model, "at": r.at, "placement": r.placement,
+                 "previous_placement": docs[r.id].get("previous_placement", r.previous_placement),
+                 "dry_run": r.dry_run} for r in rows]
 
     @staticmethod
     def _summary(row: DecisionRow) -> dict[str, Any]:
@@ -248,21 +454,22 @@ class Repository:
         }
 
     @classmethod
-    def _full(cls, row: DecisionRow) -> dict[str, Any]:
+    def _full(cls, row: DecisionRow, doc: Mapping[str, Any]) -> dict[str, Any]:
         out = cls._summary(row)
         scale = None
         if row.scale_from_replicas is not None and row.scale_to_replicas is not None:
             scale = {"at": _iso(row.at), "from_replicas": row.scale_from_replicas, "to_replicas": row.scale_to_replicas}
         out.update(
-            previous_placement=dict(row.previous_placement),
+            previous_placement=dict(doc["previous_placement"]),
             outcome_detail=row.outcome_detail,
             interrupted_replaced=row.interrupted_replaced,
-            signals=row.signals,
-            recommendations=row.recommendations,
-            trace=row.trace,
+            signals=doc["signals"],
+            recommendations=doc["recommendations"],
+            trace=doc["trace"],
             stabilization_replicas=row.stabilization_replicas,
             scale_event=scale,
-            rule_state=row.rule_state,
+            noop_actions=row.noop_actions,
+            rule_state=doc["rule_state"],
             actions=[
                 {
                     "id": a.id,
@@ -311,7 +518,7 @@ class Repository:
         q = sa.select(DecisionRow).where(DecisionRow.id == decision_id).options(selectinload(DecisionRow.actions))
         with self._read_lock, self._sessions() as s:
             row = s.scalars(q).one_or_none()
-            return None if row is None else self._full(row)
+            return None if row is None else self._full(row, self._docs(s, [row])[row.id])
 
     def load_decision(self, decision_id: int) -> tuple[Decision, ModelSignals, list[Action]] | None:
         """One decision as core values (for replays and analyses). The decision's ``history`` holds
@@ -375,7 +582,30 @@ class Repository:
             if model is not None:
                 q = q.where(DecisionRow.model == model)
             with self._read_lock, self._sessions() as s:
-                batch = [self._full(r) for r in s.scalars(q)]
+                rows = list(s.scalars(q))
+                docs = self._docs(s, rows)
+                batch = [self._full(r, docs[r.id]) for r in rows]
+            yield from batch
+            if len(batch) < _BATCH:
+                return
+            after_id = batch[-1]["id"]
+
+    def decisions_between(self, model: str, since: datetime, until: datetime) -> Iterator[dict[str, Any]]:
+        """What a replay reads of each decision of ``model`` in ``[since, until)``, oldest first,
+        in batches: id, at, signals, placement, cost, reason, trace, outcome and its detail, and the
+        rule state (the learned capacity in it; replays and the shadow report read these)."""
+        after_id = 0
+        while True:
+            q = (sa.select(DecisionRow).where(DecisionRow.model == model, DecisionRow.at >= since,
+                                              DecisionRow.at < until, DecisionRow.id > after_id)
+                 .order_by(DecisionRow.id).limit(_BATCH))
+            with self._read_lock, self._sessions() as s:
+                rows = list(s.scalars(q))
+                docs = self._docs(s, rows)  # signals and trace live in the payload since 0002
+            batch = [{"id": r.id, "at": r.at, "signals": docs[r.id]["signals"], "placement": r.placement,
+                      "cost_per_hour_usd": r.cost_per_hour_usd, "reason": r.reason, "trace": docs[r.id]["trace"],
+                      "outcome": r.outcome, "outcome_detail": r.outcome_detail,
+                      "rule_state": docs[r.id].get("rule_state") or {}} for r in rows]
             yield from batch
             if len(batch) < _BATCH:
                 return
@@ -386,40 +616,144 @@ class Repository:
         recommendation points and scale events from decisions in ``[now - horizon_s, now]``,
         oldest first, and the rule state of the latest decision (however old: a rule's state
         carries its own timestamps and the rule judges their age)."""
-        if horizon_s < 0:
-            raise ValueError(f"horizon_s must be >= 0, got {horizon_s}")
-        start = now - timedelta(seconds=horizon_s)
+        return self.rebuild_histories({model: horizon_s}, now)[model]
+
+    def rebuild_histories(self, horizons: Mapping[str, float], now: datetime) -> dict[str, History]:
+        """:meth:`rebuild_history` for many models at once (``horizons``: model -> seconds back),
+        in two queries whatever the number of models: a daemon of a thousand models starts in one
+        round trip, not a thousand."""
+        for model, horizon_s in horizons.items():
+            if horizon_s < 0:
+                raise ValueError(f"horizon_s must be >= 0, got {horizon_s} for {model}")
+        if not horizons:
+            return {}
+        models = list(horizons)
+        start = now - timedelta(seconds=max(horizons.values()))
         window = (
-            sa.select(
-                DecisionRow.at,
-                DecisionRow.stabilization_replicas,
-                DecisionRow.scale_from_replicas,
-                DecisionRow.scale_to_replicas,
-            )
-            .where(DecisionRow.model == model, DecisionRow.at >= start, DecisionRow.at <= now)
+            sa.select(DecisionRow.model, DecisionRow.at, DecisionRow.stabilization_replicas,
+                      DecisionRow.scale_from_replicas, DecisionRow.scale_to_replicas)
+            .where(DecisionRow.model.in_(models), DecisionRow.at >= start, DecisionRow.at <= now)
             .order_by(DecisionRow.at, DecisionRow.id)
         )
-        last_state = (
-            sa.select(DecisionRow.rule_state)
-            .where(DecisionRow.model == model, DecisionRow.at <= now)
-            .order_by(DecisionRow.at.desc(), DecisionRow.id.desc())
-            .limit(1)
+        latest = (
+            sa.select(sa.func.max(DecisionRow.id))
+            .where(DecisionRow.model.in_(models), DecisionRow.at <= now)
+            .group_by(DecisionRow.model)
         )
         with self._read_lock, self._sessions() as s:
             rows = s.execute(window).all()
-            state = s.scalars(last_state).first()
-        points: list[tuple[datetime, int]] = []
-        events: list[ScaleEvent] = []
-        for at, point, scale_from, scale_to in rows:
+            last = list(s.scalars(sa.select(DecisionRow).where(DecisionRow.id.in_(latest))))
+            docs = self._docs(s, last)
+            state = {r.model: docs[r.id]["rule_state"] for r in last}
+        points: dict[str, list[tuple[datetime, int]]] = {m: [] for m in models}
+        events: dict[str, list[ScaleEvent]] = {m: [] for m in models}
+        starts = {m: now - timedelta(seconds=h) for m, h in horizons.items()}
+        for model, at, point, scale_from, scale_to in rows:
+            if at < starts[model]:
+                continue
             if point is not None:
-                points.append((at, point))
+                points[model].append((at, point))
             if scale_from is not None and scale_to is not None:
-                events.append(ScaleEvent(at=at, from_replicas=scale_from, to_replicas=scale_to))
-        return History(
-            recommendations=tuple(points),
-            scale_events=tuple(events),
-            rule_state=codec.from_jsonable(state) if state else {},
-        )
+                events[model].append(ScaleEvent(at=at, from_replicas=scale_from, to_replicas=scale_to))
+        return {
+            m: History(recommendations=tuple(points[m]), scale_events=tuple(events[m]),
+                       rule_state=codec.from_jsonable(state[m]) if state.get(m) else {})
+            for m in models
+        }
+
+    # --- retention ------------------------------------------------------------------------------
+
+    def compact_decisions(self, before: datetime, batch: int = 500) -> int:
+        """One batch of the retention job: the oldest ``batch`` decisions older than ``before``
+        are added to their model's hourly rollups and deleted with their actions, in one short
+        transaction; returns how many (0: nothing older is left). A kept row whose payload was
+        compressed against a deleted one is rewritten on its own first (``controller.db.payload``)."""
+        if batch < 1:
+            raise ValueError(f"batch must be at least 1, got {batch}")
+        q = sa.select(DecisionRow).where(DecisionRow.at < before).order_by(DecisionRow.id).limit(batch)
+        with self._lock, self._sessions.begin() as s:
+            if self._engine.dialect.name == "postgresql" and not s.execute(
+                    sa.text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": _PG_RETENTION_LOCK}).scalar():
+                return 0  # another daemon compacts now: the same rows must not be rolled up twice
+            rows = list(s.scalars(q))
+            if not rows:
+                return 0
+            docs = self._docs(s, rows)
+            self._add_to_rollups(s, rows, docs)
+            gone = {r.id for r in rows}
+            self._rekey_dependents(s, rows, gone)
+            s.execute(sa.delete(ActionRow).where(ActionRow.decision_id.in_(gone)))
+            s.execute(sa.delete(DecisionRow).where(DecisionRow.id.in_(gone)))
+        for model, chain in list(self._chains.items()):  # a deleted row cannot be a dictionary
+            if chain.last_id in gone:
+                del self._chains[model]
+        return len(rows)
+
+    @staticmethod
+    def _add_to_rollups(s: Session, rows: Sequence[DecisionRow], docs: Mapping[int, Mapping[str, Any]]) -> None:
+        acc: dict[tuple[str, datetime], dict[str, Any]] = {}
+        for r in rows:
+            one = rollup.from_decision({c: getattr(r, c) for c in (
+                "id", "model", "at", "replicas", "placement", "cost_per_hour_usd", "reason", "outcome",
+                "scale_from_replicas", "scale_to_replicas")}, docs[r.id]["signals"])
+            key = (one["model"], one["hour"])
+            acc[key] = rollup.merge(acc[key], one) if key in acc else one
+        existing = s.scalars(sa.select(RollupRow).where(
+            RollupRow.model.in_({m for m, _ in acc}), RollupRow.hour.in_({h for _, h in acc})))
+        found = {(r.model, r.hour): r for r in existing}
+        for key, new in acc.items():
+            old = found.get(key)
+            if old is None:
+                s.add(RollupRow(**new))
+                continue
+            merged = rollup.merge({c: getattr(old, c) for c in new}, new)
+            for c, v in merged.items():
+                setattr(old, c, v)
+
+    def _rekey_dependents(self, s: Session, rows: Sequence[DecisionRow], gone: set[int]) -> None:
+        """Rewrite as keyframes the kept rows whose payload dictionary is about to be deleted:
+        among the next ``KEYFRAME_EVERY`` rows of each model after the batch."""
+        last_of: dict[str, int] = {}
+        for r in rows:
+            last_of[r.model] = max(r.id, last_of.get(r.model, 0))
+        for model, last in last_of.items():
+            nxt = list(s.scalars(sa.select(DecisionRow).where(DecisionRow.model == model, DecisionRow.id > last)
+                                 .order_by(DecisionRow.id).limit(payload.KEYFRAME_EVERY)))
+            dependents = [r for r in nxt if r.payload_prev in gone]
+            if not dependents:
+                continue
+            docs = self._docs(s, dependents)
+            for r in dependents:
+                doc = dict(docs[r.id])
+                doc["recommendations"] = payload.split_state(doc["recommendations"], doc["rule_state"])
+                r.payload, _ = payload.encode(doc, None)
+                r.payload_prev = r.payload_base = None
+
+    def list_rollups(self, model: str | None = None, since: datetime | None = None, until: datetime | None = None,
+                     limit: int = 1000) -> list[dict[str, Any]]:
+        """Hourly rollups (``controller.db.rollup.to_json``), newest first: hours that start at or
+        after ``since``'s hour and before ``until``."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        q = sa.select(RollupRow)
+        if model is not None:
+            q = q.where(RollupRow.model == model)
+        if since is not None:
+            q = q.where(RollupRow.hour >= rollup.hour_of(since.astimezone(timezone.utc)))
+        if until is not None:
+            q = q.where(RollupRow.hour < until)
+        q = q.order_by(RollupRow.hour.desc(), RollupRow.model).limit(limit)
+        with self._read_lock, self._sessions() as s:
+            return [rollup.to_json({c.name: getattr(r, c.name) for c in RollupRow.__table__.columns}) for r in s.scalars(q)]
+
+    def oldest_decision_at(self, model: str | None = None) -> datetime | None:
+        """When the oldest full decision kept was made (the retention job compacts in id order,
+        so this is the first row's time; older decisions live in rollups only)."""
+        q = sa.select(DecisionRow.at)
+        if model is not None:
+            q = q.where(DecisionRow.model == model)
+        with self._read_lock, self._sessions() as s:
+            return s.scalar(q.order_by(DecisionRow.id).limit(1))
 
     def last_placement(self, model: str, *, applied_only: bool = False) -> dict[str, int] | None:
         """The placement of the model's latest decision (``applied_only``: of the latest one whose
@@ -431,6 +765,21 @@ class Repository:
         with self._read_lock, self._sessions() as s:
             placement = s.scalars(q).first()
         return None if placement is None else {k: int(v) for k, v in placement.items()}
+
+    def acted_placements(self, after_id: int | None = None) -> list[tuple[int, str, dict[str, int]]]:
+        """``(id, model, placement)`` of decisions that were acted on (``actuate``), in id order:
+        those with an id above ``after_id``, or, with ``None``, each model's latest. A sharded
+        replica counts these placements of the models other replicas act on in its pools' node
+        sums (``controller.daemon``)."""
+        q = sa.select(DecisionRow.id, DecisionRow.model, DecisionRow.placement).where(DecisionRow.actuate.is_(True))
+        if after_id is None:
+            latest = sa.select(sa.func.max(DecisionRow.id)).where(DecisionRow.actuate.is_(True)).group_by(DecisionRow.model)
+            q = q.where(DecisionRow.id.in_(latest))
+        else:
+            q = q.where(DecisionRow.id > after_id)
+        with self._read_lock, self._sessions() as s:
+            rows = s.execute(q.order_by(DecisionRow.id)).all()
+        return [(int(i), str(m), {k: int(v) for k, v in (p or {}).items()}) for i, m, p in rows]
 
     # --- overrides -----------------------------------------------------------------------------
 

@@ -6,8 +6,12 @@ a fleet of continuous-batching replicas (``service``) on pools whose nodes take 
 start cold and, on spot, get interrupted (``spot``); every decision interval a controller sets the
 replicas per pool. The controller is either tidegate itself, running
 ``controller.core.pipeline.decide`` exactly as the daemon does, or one of the baselines people use
-today (``baselines``). ``engine`` runs the event loop, ``report`` and ``plot`` turn a run into JSON,
-a table and a timeline, and ``cli.simulate_main`` is the command.
+today (``baselines``). ``engine`` runs the event loop (its concerns layered in ``state``,
+``billing``, ``fleet``, ``serving``, ``scrape`` and ``results``), ``report`` and ``plot`` turn a run
+into JSON, a table and a timeline, and ``cli.simulate_main`` is the command.
+
+The same world serves the daemon: ``world`` builds it from a simulated config for a clock outside
+it (the demo's, the tests'), and ``providers.sim`` puts the provider protocols over it.
 """
 
 from __future__ import annotations

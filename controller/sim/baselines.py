@@ -19,15 +19,18 @@ algorithm with its published defaults, cited next to it, not a straw man:
                     on-prem first (existing nodes), then on spot (cheapest pool with capacity),
                     on-demand when spot is out (Karpenter-style spot-first with fallback); nodes by
                     an emulated cluster-autoscaler.
-``keda``            KEDA ScaledObject with the Prometheus scaler on the queue depth (threshold per
+``keda``            KEDA ScaledObject with the Prometheus scaler on the pending requests (waiting
+                    plus in flight, the queue metric users give it for Triton; threshold per
                     replica, AverageValue): the KEDA operator polls every 30 s
                     (``pollingInterval``) to activate from zero and deactivates after
                     ``cooldownPeriod`` 300 s without activity; between 1 and N the HPA it creates
                     scales on the same metric (15 s sync, HPA default behaviour). Same placement and
                     node provisioning as ``hpa``.
 ``seed-stack``      the hybrid-cloud Triton guides' setup: an on-prem Deployment under HPA on GPU
-                    utilization (target 70 %, min 2, max 10) plus a cloud burst Deployment under
-                    KEDA on queue length (threshold 50, min 0, max 30) on spot nodes only.
+                    utilization (target 70 %) plus a cloud burst Deployment under KEDA on queue
+                    length (threshold 50, min 0) on spot nodes only. Within the policy's bounds
+                    like every controller: the on-prem HPA holds at least ``min_replicas`` (at most
+                    what on-prem fits), the burst at most ``max_replicas`` less the on-prem part.
 ``skyserve``        SkyServe's ``FallbackRequestRateAutoscaler`` (``sky/serve/autoscalers.py``):
                     target = ceil(requests in the last 60 s / 60 / target_qps_per_replica), changed
                     only after 300 s (up) / 1200 s (down) of consecutive agreement at its 20 s
@@ -49,15 +52,17 @@ from __future__ import annotations
 
 import csv
 import math
+from datetime import datetime
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
 from controller.controller import Controller
-from controller.core.model import ModelSpec, PoolSpec, PoolState, Tier
+from controller.core.capacity import capacity_of
+from controller.core.model import Decision, ModelSpec, PoolSpec, PoolState, Tier
 from controller.core.pipeline import decide
 from controller.core.placement import place
 from controller.core.policy import EffectivePolicy
@@ -99,6 +104,10 @@ class TidegateController:
         self.pools: dict[str, PoolSpec] = {}
         self.reasons: Mapping[str, int] = {}
         """Decisions per reason code (filled by the run's recorder)."""
+        self.capacity_log: list[tuple[float, float, float, float]] = []
+        """(t_s, learned output tok/s per replica, the profile's for the same mix, scale) per
+        decision whose capacity changed: what the learned capacity did over the run."""
+        self._t0: datetime | None = None
 
     def initial(self, setup: SimSetup, need: int) -> dict[str, int]:
         model = setup.model
@@ -122,10 +131,25 @@ class TidegateController:
     def controller(self, sim: Simulation) -> Controller:
         assert self.model is not None
         self.reasons = sim.recorder.reasons
-        return sim.controller_for(self.model, self.pools, decide, self.policy)
+        self._t0 = sim.setup.epoch
+        return sim.controller_for(self.model, self.pools, self._decide, self.policy)
+
+    def _decide(self, **kw: Any) -> Decision:
+        d = decide(**kw)
+        learned = capacity_of(d)
+        if learned is not None and self._t0 is not None:
+            if not self.capacity_log or self.capacity_log[-1][1:] != learned:
+                self.capacity_log.append(((d.at - self._t0).total_seconds(), *learned))
+        return d
 
     def report(self) -> dict[str, object]:
-        return {"decision_reasons": dict(sorted(self.reasons.items(), key=lambda kv: -kv[1]))}
+        out: dict[str, object] = {"decision_reasons": dict(sorted(self.reasons.items(), key=lambda kv: -kv[1]))}
+        if self.capacity_log:
+            t, learned, prior, scale = self.capacity_log[-1]
+            out["capacity"] = {"output_tokens_per_s": round(learned, 2), "profile_output_tokens_per_s": round(prior, 2),
+                               "scale": round(scale, 4), "since_s": round(t, 1),
+                               "log": [[round(x, 4) for x in row] for row in self.capacity_log]}
+        return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,7 +378,7 @@ class KedaController(Baseline):
     def decide(self, now_s: float, obs: Observation) -> Mapping[str, int] | None:
         assert self.placer is not None
         current = sum(obs.desired_by_pool.values())
-        total = self.so.step(now_s, current, _fresh(obs, "queue_depth"))
+        total = self.so.step(now_s, current, obs.pending_requests)
         return self.placer.place(total, obs.desired_by_pool, obs.pending_by_pool, obs.signals.pools)
 
 
@@ -365,13 +389,15 @@ class SeedStackController(Baseline):
     node_mode: Literal["direct", "autoscaler"] = "autoscaler"
 
     def __init__(self, onprem_min: int = 2, onprem_max: int = 10, target_util_pct: float = 70.0,
-                 burst_min: int = 0, burst_max: int = 30, queue_threshold: float = 50.0,
+                 burst_min: int = 0, burst_max: int = 30, queue_threshold: float = 50.0, max_total: int | None = None,
                  polling_s: float = 30.0, cooldown_s: float = 300.0, sync_s: float = 15.0, name: str = "seed-stack") -> None:
         self.name = name
         self.interval_s = sync_s
         self.target = target_util_pct
         self.hpa = HpaAlgorithm(min_replicas=onprem_min, max_replicas=onprem_max)
         self.keda = KedaScaledObject(burst_min, burst_max, queue_threshold, polling_s, cooldown_s)
+        self.max_total = max_total
+        """The policy's ``max_replicas``: the burst holds at most this less the on-prem part."""
         self.onprem: list[str] = []
         self.burst: SpotFirst | None = None
 
@@ -407,6 +433,8 @@ class SeedStackController(Baseline):
         cur_b = sum(d.get(n, 0) for n in burst_names)
         q = _fresh(obs, "queue_depth")
         new_b = self.keda.step(now_s, cur_b, q)
+        if self.max_total is not None:
+            new_b = max(0, min(new_b, self.max_total - new_op))
         out = dict(d)
         out[op] = new_op
         out.update(self.burst.place(new_b, {n: d.get(n, 0) for n in burst_names}, obs.pending_by_pool, obs.signals.pools))
@@ -532,6 +560,57 @@ def _backward_min(x: np.ndarray, width: int) -> np.ndarray:
     return big - _forward_max((big - x)[::-1], width)[::-1]
 
 
+def work_per_bin(setup: SimSetup, g: float, n: int) -> np.ndarray:
+    """Arrivals per bin of ``g`` seconds, weighted by prefill work (average request = 1)."""
+    w = setup.workload
+    if isinstance(w, RequestTrace):
+        prof = setup.profiles[setup.pools[setup.model.pools[0]].gpu_type]
+        p = w.prompt_tokens.astype(np.float64)
+        work = prof.prefill_ms_per_token * p + prof.prefill_ms_per_token_sq * p * p
+        weight = work / work.mean() if len(work) and work.mean() > 0 else np.ones(len(p))
+        idx = np.minimum((w.arrival_s / g).astype(np.int64), n - 1)
+        return np.bincount(idx, weights=weight, minlength=n)[:n]
+    return rate_profile(w, g, n * g) * g
+
+
+def burst_demand(setup: SimSetup, interval_s: float, *, window_s: float = 60.0,
+                 burst_windows_s: Sequence[float] = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0), fine_s: float = 1.0,
+                 burst_utilization: float = 0.6) -> np.ndarray:
+    """The capacity each interval of ``interval_s`` seconds needs, in requests/s at the SLO on the
+    reference (first on-prem) GPU type: the larger of the next minute's arrival rate and, for every
+    burst window ``W`` starting in the interval, the work arriving in ``W`` done within ``W`` plus
+    the TTFT target at ``burst_utilization`` of a replica's maximum rate (see ``OracleController``).
+    Intervals ``ceil(span / interval_s) + 2`` (the last two past the end)."""
+    g = interval_s
+    n = int(math.ceil(setup.span_s / g)) + 2
+    # demand on a fine grid (bursts shorter than a tick matter), then the max over each tick
+    sub = max(1, int(round(g / fine_s)))
+    fine = g / sub
+    nf = n * sub
+    counts = work_per_bin(setup, fine, nf)
+    c0 = np.concatenate([[0.0], np.cumsum(counts)])
+
+    def arrivals(width_bins: int) -> np.ndarray:
+        hi = np.minimum(np.arange(nf) + width_bins, nf)
+        return c0[hi] - c0[:nf]
+
+    per = max(1, int(round(window_s / fine)))
+    sustained = arrivals(per) / (per * fine)                  # requests/s over the next minute
+    pools = setup.model_pools()
+    ref = next((p.gpu_type for p in pools if p.tier.is_onprem), pools[0].gpu_type)
+    r_slo_ref = setup.rate_at_slo(ref)
+    r_max_ref = setup.fluid_model(ref).max_rate_per_s
+    burst = np.zeros(nf)
+    if r_slo_ref > 0 and r_max_ref > 0:
+        ttft = setup.slo.ttft_s
+        for wsec in burst_windows_s:
+            k = max(1, int(round(wsec / fine)))
+            need_rate = arrivals(k) / (k * fine + ttft)        # requests/s to finish the burst in time
+            burst = np.maximum(burst, need_rate)
+        burst *= r_slo_ref / (burst_utilization * r_max_ref)  # in units of the SLO-rate demand
+    return np.maximum(sustained, burst).reshape(n, sub).max(axis=1)
+
+
 class OracleController(Baseline):
     """``oracle``: future-aware, cheapest-capacity-first, just in time (see the module doc).
 
@@ -565,49 +644,13 @@ class OracleController(Baseline):
         self.burst_windows_s = tuple(burst_windows_s)
         self.plan: dict[str, np.ndarray] = {}
 
-    def _work_per_bin(self, setup: SimSetup, g: float, n: int) -> np.ndarray:
-        """Arrivals per bin of ``g`` seconds, weighted by prefill work (average request = 1)."""
-        w = setup.workload
-        if isinstance(w, RequestTrace):
-            prof = setup.profiles[setup.pools[setup.model.pools[0]].gpu_type]
-            p = w.prompt_tokens.astype(np.float64)
-            work = prof.prefill_ms_per_token * p + prof.prefill_ms_per_token_sq * p * p
-            weight = work / work.mean() if len(work) and work.mean() > 0 else np.ones(len(p))
-            idx = np.minimum((w.arrival_s / g).astype(np.int64), n - 1)
-            return np.bincount(idx, weights=weight, minlength=n)[:n]
-        return rate_profile(w, g, n * g) * g
-
     def _build(self, setup: SimSetup) -> None:
         g = self.interval_s
-        span = setup.span_s
-        n = int(math.ceil(span / g)) + 2
-        # demand on a fine grid (bursts shorter than a tick matter), then the max over each tick
-        fine = self.fine_s
-        sub = max(1, int(round(g / fine)))
-        nf = n * sub
-        counts = self._work_per_bin(setup, fine, nf)
-        c0 = np.concatenate([[0.0], np.cumsum(counts)])
-
-        def arrivals(width_bins: int) -> np.ndarray:
-            hi = np.minimum(np.arange(nf) + width_bins, nf)
-            return c0[hi] - c0[:nf]
-
-        per = max(1, int(round(self.window_s / fine)))
-        sustained = arrivals(per) / (per * fine)                  # requests/s over the next minute
+        demand = burst_demand(setup, g, window_s=self.window_s, burst_windows_s=self.burst_windows_s,
+                              fine_s=self.fine_s, burst_utilization=self.burst_utilization)
+        n = len(demand)
         model = setup.model
         pools = setup.model_pools()
-        ref = next((p.gpu_type for p in pools if p.tier.is_onprem), pools[0].gpu_type)
-        r_slo_ref = setup.rate_at_slo(ref)
-        r_max_ref = setup.fluid_model(ref).max_rate_per_s
-        burst = np.zeros(nf)
-        if r_slo_ref > 0 and r_max_ref > 0:
-            ttft = setup.slo.ttft_s
-            for wsec in self.burst_windows_s:
-                k = max(1, int(round(wsec / fine)))
-                need_rate = arrivals(k) / (k * fine + ttft)        # requests/s to finish the burst in time
-                burst = np.maximum(burst, need_rate)
-            burst *= r_slo_ref / (self.burst_utilization * r_max_ref)  # in units of the SLO-rate demand
-        demand = np.maximum(sustained, burst).reshape(n, sub).max(axis=1)
         t = np.arange(n) * g
         rows = []
         for p in pools:
@@ -758,11 +801,59 @@ class BaselineSettings:
     max_replicas: int = 10
     hpa_target_util_pct: float = 70.0
     keda_queue_threshold: float = 50.0
+    """``keda``'s target pending requests (waiting plus in flight) per replica."""
+    seed_target_util_pct: float = 70.0
+    seed_queue_threshold: float = 50.0
+    """``seed-stack``: its on-prem HPA's GPU-utilization target and its burst KEDA's queue length."""
     keda_min_replicas: int | None = None
     """``keda`` baseline's minReplicaCount (default: ``min_replicas``; KEDA's own default is 0)."""
     skyserve_target_qps: float | None = None
-    """Requests/s per replica for SkyServe (default: the bundle's capacity profile requests_per_s)."""
+    """Requests/s per replica for SkyServe (default: the bundle's capacity profile requests_per_s; for a mix-free profile, the rate one replica sustains at the SLO for the workload's mix)."""
     tidegate_interval_s: float = 5.0
+    max_cost_per_hour_usd: float | None = None
+    """The policy's budget ceiling, for every baseline too (equal terms): a placement above it
+    loses replicas from its dearest pools (per replica) until it fits, as tidegate's budget stage
+    caps its own."""
+
+
+class BudgetCapped(Baseline):
+    """A baseline whose every placement is held under ``max_cost_per_hour_usd`` (nodes it needs,
+    at their pools' prices): what a cost ceiling wrapped around any autoscaler does."""
+
+    def __init__(self, inner: Baseline, max_cost_per_hour_usd: float) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.interval_s = inner.interval_s
+        self.node_mode = inner.node_mode
+        self.cap = max_cost_per_hour_usd
+        self.model: ModelSpec | None = None
+        self.pools: dict[str, PoolSpec] = {}
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)  # the inner baseline's own state (tests read it)
+
+    def initial(self, setup: SimSetup, need: int) -> dict[str, int]:
+        self.model = setup.model
+        self.pools = {n: setup.pools[n] for n in setup.model.pools}
+        return self._fit(self.inner.initial(setup, need))
+
+    def decide(self, now_s: float, obs: Observation) -> Mapping[str, int] | None:
+        out = self.inner.decide(now_s, obs)
+        return None if out is None else self._fit(out)
+
+    def _cost(self, placement: Mapping[str, int]) -> float:
+        assert self.model is not None
+        return sum(self.pools[n].nodes_for(self.model, k) * self.pools[n].price_per_node_hour_usd
+                   for n, k in placement.items() if k > 0 and n in self.pools)
+
+    def _fit(self, placement: Mapping[str, int]) -> dict[str, int]:
+        assert self.model is not None
+        out = {n: int(k) for n, k in placement.items()}
+        while self._cost(out) > self.cap + 1e-9:
+            dearest = max((n for n, k in out.items() if k > 0 and n in self.pools),
+                          key=lambda n: replica_price(self.pools[n], self.model))  # type: ignore[arg-type]
+            out[dearest] -= 1
+        return out
 
 
 def make_controller(name: str, setup: SimSetup, policy: EffectivePolicy | None,
@@ -777,6 +868,14 @@ def make_controller(name: str, setup: SimSetup, policy: EffectivePolicy | None,
             raise ValueError("all-on-demand needs a policy file")
         return TidegateController(policy, settings.tidegate_interval_s,
                                   only_tiers=(Tier.ONDEMAND,), name="all-on-demand")
+    base = _make_baseline(name, setup, settings)
+    if settings.max_cost_per_hour_usd is not None and isinstance(base, Baseline) \
+            and not isinstance(base, (ScheduleController, OracleController)):
+        return BudgetCapped(base, settings.max_cost_per_hour_usd)
+    return base
+
+
+def _make_baseline(name: str, setup: SimSetup, settings: BaselineSettings) -> Autoscaler:
     lo, hi = settings.min_replicas, settings.max_replicas
     if name == "hpa":
         return HpaController(lo, hi, settings.hpa_target_util_pct)
@@ -784,13 +883,21 @@ def make_controller(name: str, setup: SimSetup, policy: EffectivePolicy | None,
         kmin = lo if settings.keda_min_replicas is None else settings.keda_min_replicas
         return KedaController(kmin, hi, settings.keda_queue_threshold)
     if name == "seed-stack":
-        return SeedStackController()
+        onprem = sum(_capacity(p, setup.model) for p in setup.model_pools() if p.tier.is_onprem)
+        op_max = max(1, min(10, hi, onprem))
+        return SeedStackController(onprem_min=min(lo, op_max), onprem_max=op_max,
+                                   target_util_pct=settings.seed_target_util_pct,
+                                   queue_threshold=settings.seed_queue_threshold, max_total=hi)
     if name == "skyserve":
         qps = settings.skyserve_target_qps
         if qps is None:
             ref = next((p for p in setup.model_pools() if p.tier.is_onprem), setup.model_pools()[0])
             cap = setup.model.capacity.get(ref.gpu_type)
-            qps = cap.requests_per_s if cap is not None else setup.rate_at_slo(ref.gpu_type)
+            # A capacity for one mix is the operator's target; a mix-free one (prefill/decode
+            # tokens/s) names no request rate, so SkyServe gets the rate one replica sustains at
+            # the SLO for this workload's mix, as its operator would measure it.
+            mix_free = cap is None or cap.prefill_tokens_per_s is not None
+            qps = setup.rate_at_slo(ref.gpu_type) if cap is None or mix_free else cap.requests_per_s
         return SkyServeController(lo, hi, qps)
     if name == "oracle":
         return OracleController()

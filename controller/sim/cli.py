@@ -14,6 +14,7 @@ import argparse
 import re
 import sys
 import time as _wall
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -41,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--peak-replicas", type=float, default=None,
                    help="scale the load so that its busiest minute needs N replicas (of the on-prem GPU type) at the SLO")
     w.add_argument("--duration-s", type=float, default=None, help="simulate only the first S seconds (after time scaling)")
+    w.add_argument("--trace-start", default=None, metavar="ISO",
+                   help="t = 0 of a request trace (ISO 8601, UTC unless it says; at or before its first request): "
+                        "an idle lead before the first request is kept (default: the first request)")
     w.add_argument("--start", default=None, help="simulated date-time of t=0 (ISO 8601; default 2024-01-01T00:00Z, a Monday)")
     f = p.add_argument_group("fleet and policy")
     f.add_argument("--fleet", default=str(DEFAULT_FLEET), help="DaemonConfig YAML with pools and models (default: the example fleet)")
@@ -58,11 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--baselines", default="none", help="all, none, or a comma list of seed-stack,hpa,keda,skyserve,all-on-demand,oracle,schedule:FILE")
     r.add_argument("--no-tidegate", action="store_true", help="run only the baselines")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--initial-replicas", type=int, default=None, metavar="N",
+                   help="every controller starts from N replicas ready on-prem (default: the policy's min_replicas)")
     r.add_argument("--mode", choices=("auto", "requests", "fluid"), default="auto",
                    help="request by request, or fluid (long rate series); auto picks (default)")
     r.add_argument("--onprem-cost", choices=("used", "always"), default="used",
                    help="bill on-prem nodes while they hold replicas (default) or all the time")
-    r.add_argument("--keda-threshold", type=float, default=50.0, help="queue depth per replica for the keda baseline (default 50)")
+    r.add_argument("--keda-threshold", type=float, default=50.0, help="pending requests (waiting plus in flight) per replica for the keda baseline (default 50)")
     r.add_argument("--skyserve-qps", type=float, default=None,
                    help="target_qps_per_replica for skyserve (default: the bundle's capacity requests_per_s)")
     r.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show a progress bar")
@@ -88,6 +94,14 @@ def simulate_main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"tidegate simulate: --start: {e}", file=sys.stderr)
         return 2
+    try:
+        trace_start = parse_start(args.trace_start)
+    except ValueError as e:
+        print(f"tidegate simulate: --trace-start: {e}", file=sys.stderr)
+        return 2
+    if args.initial_replicas is not None and args.initial_replicas < 0:
+        print(f"tidegate simulate: --initial-replicas {args.initial_replicas}: give 0 or more replicas", file=sys.stderr)
+        return 2
     options = EngineOptions(mode=args.mode, onprem_cost=args.onprem_cost, progress=args.progress)
     try:
         names = ([] if args.no_tidegate else ["tidegate"]) + expand_baselines(args.baselines)
@@ -95,7 +109,12 @@ def simulate_main(argv: Sequence[str] | None = None) -> int:
                             profile=args.profile, token_trace=args.token_trace, rate_bin_s=args.rate_bin_s,
                             time_scale=args.time_scale, load_scale=args.load_scale, peak_replicas=args.peak_replicas,
                             duration_s=args.duration_s, seed=args.seed, spot=args.spot, unavailable=args.unavailable,
-                            ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms, start=start, options=options)
+                            ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms, start=start or trace_start, options=options,
+                            trace_start=trace_start)
+        if sc.policy is not None:
+            # equal terms: every controller starts from the policy's minimum, on-prem, ready
+            start_n = sc.policy.spec.bounds.min_replicas if args.initial_replicas is None else args.initial_replicas
+            sc.setup.options = replace(sc.setup.options, initial_replicas=start_n)
     except (ScenarioError, ValueError, OSError) as e:
         print(f"tidegate simulate: {e}", file=sys.stderr)
         return 2
@@ -111,7 +130,8 @@ def simulate_main(argv: Sequence[str] | None = None) -> int:
     settings = BaselineSettings(
         min_replicas=bounds.min_replicas if bounds else 1, max_replicas=bounds.max_replicas if bounds else 10,
         keda_queue_threshold=args.keda_threshold, skyserve_target_qps=args.skyserve_qps,
-        tidegate_interval_s=sc.cfg.loop.interval_s)
+        tidegate_interval_s=sc.cfg.loop.interval_s,
+        max_cost_per_hour_usd=sc.policy.spec.budget.max_cost_per_hour_usd if sc.policy is not None else None)
     results: list[RunResult] = []
     wall0 = _wall.perf_counter()
     for name in names:
@@ -142,11 +162,12 @@ def simulate_main(argv: Sequence[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         full = report.to_json(scenario, results, include_timeline=True)
         (out / "results.json").write_text(report.dumps(full))
-        from controller.sim.plot import timeline_png
+        from controller.sim.plot import shared_limits, timeline_png
 
+        limits = shared_limits(res.timeline for res in results)  # one trace: the same axes for every controller
         for res in results:
             timeline_png(res.timeline, out / f"timeline-{_safe(res.controller)}.png",
-                         f"{res.controller}: {Path(args.trace).name}, {setup.model.name}")
+                         f"{res.controller}: {Path(args.trace).name}, {setup.model.name}", limits=limits)
     if args.json:
         print(report.dumps(doc))
     else:

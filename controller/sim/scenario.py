@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterable
 
@@ -94,12 +94,22 @@ def load_profiles(model: ModelSpec, path: str | Path | None) -> dict[str, Replic
     return out
 
 
-def load_workload(path: str | Path, fmt: str, token_trace: str | Path | None = None, rate_bin_s: float = 60.0) -> Workload:
+def load_workload(path: str | Path, fmt: str, token_trace: str | Path | None = None, rate_bin_s: float = 60.0,
+                  trace_start: datetime | None = None) -> Workload:
     path = Path(path)
     if not path.exists():
         raise ScenarioError(f"trace {path} does not exist")
     if fmt == "azure":
-        return read_azure_trace(path)
+        start = None
+        if trace_start is not None:
+            start = np.datetime64(trace_start.astimezone(timezone.utc).replace(tzinfo=None), "ns")
+        try:
+            return read_azure_trace(path, start=start)
+        except ValueError as e:
+            raise ScenarioError(f"--trace-start: {e}" if trace_start is not None else str(e)) from e
+    if trace_start is not None:
+        raise ScenarioError(f"--trace-start applies to request traces (--format azure); the rate series {path} "
+                            "keeps its leading bins as they are: drop the option")
     if fmt == "rate":
         tok_path = Path(token_trace) if token_trace is not None else DEFAULT_TOKEN_TRACE
         if not tok_path.exists():
@@ -196,11 +206,15 @@ def build_scenario(*, fleet: str | Path, trace: str | Path, fmt: str, policy: st
                    peak_replicas: float | None = None, duration_s: float | None = None, seed: int = 0,
                    spot: Iterable[str] = (), unavailable: Iterable[str] = (), ttft_ms: float | None = None,
                    tpot_ms: float | None = None, start: datetime | None = None,
-                   options: EngineOptions | None = None) -> Scenario:
+                   options: EngineOptions | None = None, trace_start: datetime | None = None,
+                   window_s: tuple[float, float] | None = None) -> Scenario:
+    """``trace_start``: t = 0 of a request trace (default its first request). ``window_s``: simulate
+    only ``[a, b)`` of the trace with t = 0 at ``a``, after the load is scaled, so the load factor of
+    ``peak_replicas`` is the whole trace's and every window of it shares it."""
     cfg, mspec, pools = load_fleet(fleet, model)
     pol = load_policy(policy, mspec.name) if policy is not None else None
     profiles = load_profiles(mspec, profile)
-    work = load_workload(trace, fmt, token_trace, rate_bin_s)
+    work = load_workload(trace, fmt, token_trace, rate_bin_s, trace_start)
     notes: list[str] = []
     if time_scale != 1.0:
         work = work.time_scale(time_scale)
@@ -236,6 +250,14 @@ def build_scenario(*, fleet: str | Path, trace: str | Path, fmt: str, policy: st
         work = work.load_scale(factor, rng) if isinstance(work, RequestTrace) else work.load_scale(factor)
         setup = SimSetup(model=mspec, pools=pools, profiles=profiles, workload=work, slo=slo, spot=spot_models,
                          seed=seed, epoch=start or DEFAULT_EPOCH, options=options or EngineOptions(), grid=setup.grid)
+    if window_s is not None:
+        a, b = window_s
+        if not 0 <= a < b:
+            raise ScenarioError(f"window [{a}, {b}) s: expected 0 <= start < end")
+        setup = SimSetup(model=mspec, pools=pools, profiles=profiles, workload=work.window(a, b), slo=slo,
+                         spot=spot_models, seed=seed, epoch=(start or DEFAULT_EPOCH) + timedelta(seconds=a),
+                         options=options or EngineOptions(), grid=setup.grid, duration_s=b - a)
+        notes.append(f"window [{a:g}, {b:g}) s of the trace, t = 0 at {a:g} s")
     return Scenario(setup, pol, cfg, factor, notes)
 
 

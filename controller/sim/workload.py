@@ -127,6 +127,11 @@ class RequestTrace:
         order = np.argsort(t, kind="stable")
         return RequestTrace(self.name, t[order], p[order], o[order])
 
+    def window(self, start_s: float, end_s: float) -> "RequestTrace":
+        """The requests in ``[start_s, end_s)``, times from ``start_s``."""
+        a, b = np.searchsorted(self.arrival_s, [start_s, end_s], side="left")
+        return RequestTrace(self.name, self.arrival_s[a:b] - start_s, self.prompt_tokens[a:b], self.output_tokens[a:b])
+
     def head(self, duration_s: float) -> "RequestTrace":
         k = int(np.searchsorted(self.arrival_s, duration_s, side="right"))
         return RequestTrace(self.name, self.arrival_s[:k], self.prompt_tokens[:k], self.output_tokens[:k])
@@ -140,6 +145,9 @@ class RateSeries:
     bin_s: float
     rate_per_s: np.ndarray
     tokens: TokenDistribution
+    repeats: bool = False
+    """Starts over at its end (a load curve without end, for the world the daemon drives); else
+    the rate is 0 past the end."""
 
     @property
     def duration_s(self) -> float:
@@ -151,6 +159,8 @@ class RateSeries:
 
     def rate_at(self, t_s: float) -> float:
         i = int(t_s // self.bin_s)
+        if self.repeats and i >= 0:
+            i %= len(self.rate_per_s)
         if i < 0 or i >= len(self.rate_per_s):
             return 0.0
         return float(self.rate_per_s[i])
@@ -164,6 +174,12 @@ class RateSeries:
         if factor <= 0:
             raise ValueError(f"load scale must be > 0, got {factor}")
         return RateSeries(self.name, self.bin_s, self.rate_per_s * factor, self.tokens)
+
+    def window(self, start_s: float, end_s: float) -> "RateSeries":
+        """The bins in ``[start_s, end_s)`` (whole bins), times from ``start_s``."""
+        a = int(start_s // self.bin_s)
+        b = max(a + 1, int(math.ceil(end_s / self.bin_s - 1e-9)))
+        return RateSeries(self.name, self.bin_s, self.rate_per_s[a:b], self.tokens)
 
     def head(self, duration_s: float) -> "RateSeries":
         k = max(1, int(math.ceil(duration_s / self.bin_s - 1e-9)))
@@ -183,9 +199,10 @@ class RateSeries:
 Workload = RequestTrace | RateSeries
 
 
-def read_azure_trace(path: str | Path, name: str | None = None) -> RequestTrace:
+def read_azure_trace(path: str | Path, name: str | None = None, start: np.datetime64 | None = None) -> RequestTrace:
     """Read ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Azure LLM inference trace 2023); arrival
-    times become seconds after the first request."""
+    times become seconds after ``start`` (naive UTC; default: the first request, which drops any
+    idle lead before it)."""
     path = Path(path)
     stamps: list[str] = []
     prompts: list[int] = []
@@ -207,7 +224,11 @@ def read_azure_trace(path: str | Path, name: str | None = None) -> RequestTrace:
     if not stamps:
         raise ValueError(f"{path}: no requests")
     ts = np.array(stamps, dtype="datetime64[ns]")
-    t = (ts - ts.min()).astype(np.int64) / 1e9
+    origin = ts.min() if start is None else np.datetime64(start, "ns")
+    if ts.min() < origin:
+        raise ValueError(f"{path}: the trace start {origin} is after its first request {ts.min()}: "
+                         "pass a start at or before it")
+    t = (ts - origin).astype(np.int64) / 1e9
     order = np.argsort(t, kind="stable")
     # Zero-token outputs still cost a prefill and yield one token in practice: count them as one.
     out = np.maximum(np.array(outputs, dtype=np.int64), 1)

@@ -28,6 +28,7 @@ CHART = Path(__file__).resolve().parent / "tidegate"
 sys.path.insert(0, str(CHART.parents[2]))  # the repository root, for `controller` when run as a script
 
 from controller.config import DaemonConfig  # noqa: E402
+from controller.docs import write_or_check  # noqa: E402
 
 CHART_OWNED_CONFIG_KEYS = ("apiVersion", "kind", "policies_dir")
 """Set by the chart's config template (templates/_helpers.tpl), whatever the values say."""
@@ -36,6 +37,7 @@ FREE_FORM_OBJECTS = {
     "serviceAccount.annotations", "service.annotations", "serviceMonitor.labels", "prometheusRule.labels",
     "grafanaDashboard.labels", "dcgmServiceMonitor.labels", "dcgmServiceMonitor.selector", "resources", "podSecurityContext", "securityContext", "podAnnotations",
     "podLabels", "nodeSelector", "affinity",
+    "journalVolume",  # a Kubernetes volume source (emptyDir, persistentVolumeClaim...)
 }
 """Maps whose keys are the user's (labels, annotations) or Kubernetes objects the chart passes
 through: any keys."""
@@ -67,6 +69,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "leaderElection.backend": {"enum": ["", "lease", "database", "none"]},
     "leaderElection.leaseDurationSeconds": {"type": "integer", "minimum": 1},
     "leaderElection.retryPeriodSeconds": {"type": "integer", "minimum": 1},
+    "leaderElection.buckets": {"type": "integer", "minimum": 1, "maximum": 1000},
 }
 """Values whose type in values.yaml says too little (enums, ranges, int-or-string)."""
 
@@ -145,14 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"gen_schema: {e}", file=sys.stderr)
         return 2
-    if args.check:
-        current = args.out.read_text() if args.out.exists() else ""
-        if current != text:
-            print(f"{args.out} is stale: run `python deploy/helm/gen_schema.py` and commit the result", file=sys.stderr)
-            return 1
-        return 0
-    args.out.write_text(text)
-    return 0
+    return write_or_check(args.out, text, args.check, "python deploy/helm/gen_schema.py")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,9 @@ class KubeFault:
     message: str = "injected fault"
     times: int = 1
     before: Callable[["TidegateKubernetes"], None] | None = None
+    answer_after_s: float = 0.0
+    """Serve the request (the change is made at once), then hold the answer this long: a slow
+    API server, or a network that loses the reply, while the write has happened."""
 
 
 TEST_TOKEN = "tidegate-tests"
@@ -114,6 +117,13 @@ class TidegateKubernetes(kmock.KubernetesEmulator):
         # the request being served (``__call__`` appended it before calling us).
         del self._requests[:-1]
         fault = self._take_fault(method, path)
+        if fault is not None and fault.answer_after_s:
+            response = await self._serve(request, method, None)
+            await asyncio.sleep(fault.answer_after_s)
+            return response
+        return await self._serve(request, method, fault)
+
+    async def _serve(self, request: Any, method: str, fault: KubeFault | None) -> aiohttp.web.StreamResponse:
         if fault is not None:
             if fault.before is not None:
                 async with self._lock:
@@ -219,7 +229,12 @@ class TidegateKubernetes(kmock.KubernetesEmulator):
 class KubePeer:
     """``TidegateKubernetes`` served on 127.0.0.1 from a background thread."""
 
-    RESOURCES = ("v1/pods", "v1/nodes", "apps/v1/deployments", "coordination.k8s.io/v1/leases")
+    RESOURCES = ("v1/pods", "v1/nodes", "apps/v1/deployments", "coordination.k8s.io/v1/leases",
+                 # ScalingPolicy objects and what the daemon refuses to fight (providers.kubeobjects)
+                 "v1/events", "tidegate.dev/v1alpha1/scalingpolicies", "autoscaling/v2/horizontalpodautoscalers",
+                 "keda.sh/v1alpha1/scaledobjects")
+    CLUSTER_CUSTOM_RESOURCES = ("karpenter.sh/v1/nodepools", "karpenter.sh/v1/nodeclaims")
+    """Karpenter's NodePools and NodeClaims (cluster-scoped custom resources)."""
 
     def __init__(self) -> None:
         self.url = ""
@@ -252,6 +267,9 @@ class KubePeer:
             for r in self.RESOURCES:
                 emu.resources[r] = kmock.ResourceInfo(namespaced=not r.endswith("/nodes"),
                                                       verbs={"get", "list", "create", "update", "patch", "delete"})
+            for r in self.CLUSTER_CUSTOM_RESOURCES:
+                emu.resources[r] = kmock.ResourceInfo(namespaced=False,
+                                                      verbs={"get", "list", "create", "update", "patch", "delete"})
             self.emulator = emu
             self.url = str(server.url).rstrip("/")
             self._ready.set()
@@ -276,8 +294,9 @@ class KubePeer:
         return k8s.ApiClient(cfg)
 
     def fault(self, method: str, path: str, status: int | None = None, *, times: int = 1,
-              message: str = "injected fault", before: Callable[[TidegateKubernetes], None] | None = None) -> KubeFault:
-        f = KubeFault(method.upper(), re.compile(path), status, message, times, before)
+              message: str = "injected fault", before: Callable[[TidegateKubernetes], None] | None = None,
+              answer_after_s: float = 0.0) -> KubeFault:
+        f = KubeFault(method.upper(), re.compile(path), status, message, times, before, answer_after_s)
         with self.emu.lock:
             self.emu.faults.append(f)
         return f
@@ -726,3 +745,140 @@ def asg_instances(peer: AwsPeer, name: str) -> dict[str, str]:
 
 def url_port(url: str) -> int:
     return int(urlsplit(url).port or 0)
+
+
+# --- Karpenter -------------------------------------------------------------------------------------
+
+_KARPENTER = ("karpenter.sh", "v1")
+
+
+def _stamp(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class KarpenterControllers:
+    """The test's stand-in for Karpenter (``karpenter.sh/v1``), acting through the API like
+    ``KubeControllers``, whose pods and nodes it shares.
+
+    ``provision(now)``: for each NodePool, Pending pods that select it (``karpenter.sh/nodepool``)
+    and fit no node get NodeClaims, one node of ``gpus_per_node`` each, within the NodePool's GPU
+    limit; with ``insufficient_capacity`` set, the claim is created and deleted before it launches
+    (Karpenter's answer to an insufficient-capacity error). ``progress(now)`` moves each claim one
+    step: launched (a ``providerID``), registered (its Node joins, labelled with the NodePool and
+    capacity type), initialized. ``interrupt(node)`` plays the interruption controller: the node is
+    tainted ``karpenter.sh/disrupted`` and its claim deleted; ``settle()`` removes deleted claims
+    with their nodes (their pods go back to Pending). ``consolidate()`` deletes the claims of
+    empty nodes. A claim carries Karpenter's termination finalizer, so a deleted claim stays
+    listed with its ``deletionTimestamp`` (stamped with the test's time) until ``settle()``."""
+
+    kube: KubeControllers
+    gpus_per_node: int = 4
+    pools: dict[str, str] = field(default_factory=dict)
+    """NodePool name -> capacity type."""
+    insufficient_capacity: set[str] = field(default_factory=set)
+    _serial: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+    @property
+    def custom(self) -> k8s.CustomObjectsApi:
+        return k8s.CustomObjectsApi(self.kube.api)
+
+    def add_node_pool(self, name: str, capacity_type: str, *, gpu_limit: int | None = None,
+                      requirements: Sequence[Mapping[str, Any]] | None = None) -> None:
+        reqs = list(requirements) if requirements is not None else [
+            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": [capacity_type]}]
+        self.custom.create_cluster_custom_object(*_KARPENTER, "nodepools", {
+            "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
+            "spec": {"template": {"spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass",
+                                                             "name": "gpu"}, "requirements": reqs}},
+                     **({"limits": {"cpu": "1000", "nvidia.com/gpu": str(gpu_limit)}} if gpu_limit is not None else {}),
+                     "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "30s"}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+        self.pools[name] = capacity_type
+
+    def claims(self, node_pool: str | None = None) -> list[dict[str, Any]]:
+        items = self.custom.list_cluster_custom_object(*_KARPENTER, "nodeclaims")["items"]
+        pool_of = (lambda c: c["metadata"]["labels"]["karpenter.sh/nodepool"])
+        return [c for c in items if pool_of(c) == node_pool or (node_pool is None and pool_of(c) in self.pools)]
+
+    def _patch_claim(self, name: str, body: Mapping[str, Any]) -> None:
+        self.custom.patch_cluster_custom_object(*_KARPENTER, "nodeclaims", name, dict(body))
+
+    def provision(self, now: datetime) -> None:
+        for pool, capacity_type in self.pools.items():
+            pending = sum(md.gpus_per_pod for md in self.kube.deployments
+                          if md.node_selector.get("karpenter.sh/nodepool") == pool
+                          for p in self.kube._pods_of(md) if not p.spec.node_name)
+            coming = [c for c in self.claims(pool) if not c["metadata"].get("deletionTimestamp")
+                      and not (c.get("status") or {}).get("nodeName")]
+            need = -(-pending // self.gpus_per_node) - len(coming)
+            np = self.custom.get_cluster_custom_object(*_KARPENTER, "nodepools", pool)
+            limit = ((np.get("spec") or {}).get("limits") or {}).get("nvidia.com/gpu")
+            live = [c for c in self.claims(pool) if not c["metadata"].get("deletionTimestamp")]
+            if limit is not None:
+                need = min(need, int(limit) // self.gpus_per_node - len(live))
+            for _ in range(max(0, need)):
+                name = f"{pool}-{next(self._serial):04d}"
+                self.custom.create_cluster_custom_object(*_KARPENTER, "nodeclaims", {
+                    "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+                    "metadata": {"name": name, "finalizers": ["karpenter.sh/termination"],
+                                 "labels": {"karpenter.sh/nodepool": pool, "karpenter.sh/capacity-type": capacity_type}},
+                    "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "gpu"}},
+                    "status": {"conditions": [{"type": "Launched", "status": "Unknown", "lastTransitionTime": _stamp(now)}]}})
+                if pool in self.insufficient_capacity:
+                    self._patch_claim(name, {"metadata": {"deletionTimestamp": _stamp(now)}})
+
+    def progress(self, now: datetime) -> None:
+        for c in self.claims():
+            name, status = c["metadata"]["name"], c.get("status") or {}
+            if c["metadata"].get("deletionTimestamp"):
+                continue
+            done = {x["type"] for x in status.get("conditions", []) if x.get("status") == "True"}
+            pool = c["metadata"]["labels"]["karpenter.sh/nodepool"]
+            pid = f"aws:///us-east-1a/i-{abs(hash(name)) % 10**12:012d}"
+            if "Launched" not in done:
+                conds = [{"type": "Launched", "status": "True", "lastTransitionTime": _stamp(now)}]
+                self._patch_claim(name, {"status": {"providerID": pid, "conditions": conds}})
+            elif "Registered" not in done:
+                self.kube.add_node(name, {"karpenter.sh/nodepool": pool, "karpenter.sh/capacity-type": self.pools[pool]},
+                                   self.gpus_per_node, provider_id=status["providerID"])
+                conds = [*status["conditions"], {"type": "Registered", "status": "True", "lastTransitionTime": _stamp(now)}]
+                self._patch_claim(name, {"status": {"nodeName": name, "conditions": conds}})
+            elif "Initialized" not in done:
+                conds = [*status["conditions"], {"type": "Initialized", "status": "True", "lastTransitionTime": _stamp(now)},
+                         {"type": "Ready", "status": "True", "lastTransitionTime": _stamp(now)}]
+                self._patch_claim(name, {"status": {"conditions": conds}})
+
+    def interrupt(self, node_name: str, now: datetime) -> None:
+        taint_node(self.kube.core, node_name, "karpenter.sh/disrupted", at=now)
+        self._patch_claim(node_name, {"metadata": {"deletionTimestamp": _stamp(now)}})
+
+    def settle(self) -> None:
+        for c in self.claims():
+            if not c["metadata"].get("deletionTimestamp"):
+                continue
+            node = (c.get("status") or {}).get("nodeName")
+            if node:
+                self.kube.core.delete_node(node)
+                for p in self.kube._all_pods():
+                    if p.spec.node_name == node:
+                        self.kube.core.delete_namespaced_pod(p.metadata.name, p.metadata.namespace)
+            # Karpenter's termination finalizer goes once the instance is gone; the API server then
+            # removes the claim (kmock likewise)
+            self._patch_claim(c["metadata"]["name"], {"metadata": {"finalizers": []}})
+
+    def consolidate(self, now: datetime) -> None:
+        busy = {p.spec.node_name for p in self.kube._all_pods() if p.spec.node_name}
+        for c in self.claims():
+            node = (c.get("status") or {}).get("nodeName")
+            if node and node not in busy and not c["metadata"].get("deletionTimestamp"):
+                self._patch_claim(c["metadata"]["name"], {"metadata": {"deletionTimestamp": _stamp(now)}})
+
+    def catch_up(self, now: datetime) -> None:
+        """Karpenter and the cluster do what was asked: claims for Pending pods, launched,
+        registered and initialized; pods scheduled onto the new nodes."""
+        self.kube.reconcile(now)
+        self.provision(now)
+        for _ in range(3):
+            self.progress(now)
+        self.kube.reconcile(now)

@@ -136,6 +136,17 @@ def test_pause_resume_and_status(served: tuple[Harness, httpx.Client]) -> None:
     assert c.get("/v1/decisions", headers=_h(VIEWER), params={"limit": 1}).json()["items"][0]["actuate"]
 
 
+def test_status_shows_the_capacity_the_rules_sized_with(served: tuple[Harness, httpx.Client]) -> None:
+    """"capacity 41 output tok/s per replica, learned; profile 69": the per-replica capacity in force
+    (learned from what the replicas sustain, or the profile's), next to the profile's."""
+    h, c = served
+    h.run(60)
+    cap = c.get("/v1/status", headers=_h(VIEWER)).json()["models"][MODEL]["capacity"]
+    assert cap["text"].startswith("capacity ") and "; profile " in cap["text"]
+    assert cap["output_tokens_per_s_per_replica"] == pytest.approx(
+        cap["profile_output_tokens_per_s_per_replica"] * cap["scale"], rel=1e-6)
+
+
 def test_decisions_paginate_filter_and_show_the_trace(served: tuple[Harness, httpx.Client]) -> None:
     h, c = served
     h.run(300)
@@ -193,7 +204,9 @@ def test_status_and_metrics_show_every_signal_of_the_table(served: tuple[Harness
         # a signal the source does not measure by design (the demo world's KV cache) is no alert
         expected = None if not_measured else 1.0 if sample["value"] is None else 0.0
         assert _signal_missing(text, name) == expected, (name, sample)
-    assert _signal_missing(text, "kv_cache_utilization_pct") is None  # the demo world: NotSimulated
+    # the one simulated world measures the KV cache (the continuous-batching replicas' reservations)
+    assert shown["kv_cache_utilization_pct"]["value"] > 0
+    assert _signal_missing(text, "kv_cache_utilization_pct") == 0.0
     assert shown["input_tokens_per_s"]["value"] > 0
 
 

@@ -121,9 +121,8 @@ class AwsWorld:
         self.kpool = KubernetesPoolProvider(self.pool, {"llama": Deployment(self.ns, "llama-spot")},
                                             KubernetesCluster(self.api, ks), node_selector=self.labels, settings=ks)
 
-    def provider(self, *, dry_run: bool = False) -> CloudPoolProvider:
-        self.kpool.dry_run = dry_run
-        return CloudPoolProvider(self.kpool, self.node_group, dry_run=dry_run)
+    def provider(self) -> CloudPoolProvider:
+        return CloudPoolProvider(self.kpool, self.node_group)
 
     def cluster_catches_up(self, now: datetime) -> None:
         """Instances join as nodes, pods follow the Deployment (the controllers' work)."""
@@ -256,17 +255,6 @@ def test_scale_in_removes_replicas_first_and_releases_only_nodes_without_pods(aw
     kept = asg_instances(aws, w.group)
     assert w.desired() == 1 and len(kept) == 1
     assert set(kept) == busy  # the instance left is the one whose node still serves
-
-
-def test_dry_run_calls_neither_aws_nor_kubernetes(aws: AwsPeer, kube: KubePeer) -> None:
-    w = AwsWorld(aws, kube)
-    p = w.provider(dry_run=True)
-    p.state(w.model, T0)
-    amark, kmark = aws.mark(), kube.mark()
-    actions = p.scale(w.model, 4, 2, T0)
-    assert aws.requests_since(amark) == [] and kube.requests_since(kmark) == []
-    assert [(a.call, a.status) for a in actions] == [(CALL_SET_DESIRED, ActionStatus.DRY_RUN), (CALL_SCALE, ActionStatus.DRY_RUN)]
-    assert w.desired() == 0
 
 
 # --- capacity trouble and interruptions ---------------------------------------------------------

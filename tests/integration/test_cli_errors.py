@@ -182,6 +182,14 @@ def test_missing_policies_directory_refuses_to_start(tmp_path: Path) -> None:
     one_error(tidegate("config", "validate", str(cfg)), str(cfg), f"policies_dir {missing}", "does not exist")
 
 
+def test_a_journal_without_its_folder_refuses_to_start(tmp_path: Path) -> None:
+    """The journal is written only while the database is away: its folder is checked at start,
+    not discovered missing during an outage."""
+    journal = tmp_path / "journal" / "intents.jsonl"
+    cfg = write_config(tmp_path, database={"url": f"sqlite:///{tmp_path / 'tidegate.db'}", "journal_path": str(journal)})
+    one_error(tidegate("config", "validate", str(cfg)), f"database.journal_path {journal}", "does not exist", "null")
+
+
 def test_config_validate_checks_the_policies_run_would_load(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -124,6 +124,8 @@ EXAMPLE_ARGS = [
     "--set-file", f"bundleManifests.llama3-70b-fp8\\.yaml={MODEL / 'manifest.yaml'}",
     "--set-file", f"policies.llama3-70b-fp8\\.yaml={EXAMPLE / 'policies' / 'llama3-70b-fp8.yaml'}",
 ]
+# The hybrid fleet's Karpenter variant: an overlay on the example.
+KARPENTER_ARGS = [*EXAMPLE_ARGS, "-f", str(EXAMPLE / "values-karpenter.yaml")]
 # Every optional part on, and a Secret the chart creates.
 ALL_ON_ARGS = [
     "--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
@@ -144,6 +146,7 @@ def renders(helm: Path) -> dict[str, list[dict[str, Any]]]:
     return {
         "default": _template(helm),
         "example": _template(helm, *EXAMPLE_ARGS),
+        "karpenter": _template(helm, *KARPENTER_ARGS),
         "all-on": _template(helm, *ALL_ON_ARGS),
     }
 
@@ -159,7 +162,7 @@ def _configmap(docs: list[dict[str, Any]], suffix: str) -> dict[str, str]:
 
 
 def test_helm_lint_default_and_example(helm: Path) -> None:
-    for extra in ([], EXAMPLE_ARGS, ALL_ON_ARGS):
+    for extra in ([], EXAMPLE_ARGS, KARPENTER_ARGS, ALL_ON_ARGS):
         out = _run([helm, "lint", "--strict", CHART, *extra])
         assert "0 chart(s) failed" in out
 
@@ -217,7 +220,8 @@ def _plain_yaml_files() -> list[Path]:
 def test_every_plain_manifest_in_deploy_is_valid(kube_validate: Any) -> None:
     """Each YAML file under deploy/ is either Kubernetes manifests (kubernetes-validate --strict),
     a tidegate document (validated by its own schema), or one of the known non-manifest files."""
-    known = {CHART / "Chart.yaml", CHART / "values.yaml", EXAMPLE / "values.yaml", RULES, RULES_TEST}
+    known = {CHART / "Chart.yaml", CHART / "values.yaml", EXAMPLE / "values.yaml", EXAMPLE / "values-karpenter.yaml",
+             RULES, RULES_TEST}
     seen_k8s = 0
     for path in _plain_yaml_files():
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
@@ -239,6 +243,9 @@ def test_every_plain_manifest_in_deploy_is_valid(kube_validate: Any) -> None:
                     load_manifest(path)
             elif (doc["apiVersion"], doc["kind"]) in CRD_KINDS:
                 _check_crd(doc, [d for f in (MODEL / "k8s").glob("*.yaml") for d in yaml.safe_load_all(f.read_text()) if d], where)
+            elif (doc["apiVersion"], doc["kind"]) == ("karpenter.sh/v1", "NodePool"):
+                # no schema ships for Karpenter's CRDs: test_karpenter_variant_* checks what tidegate reads
+                assert doc["spec"]["template"]["spec"]["requirements"] and doc["spec"]["limits"], where
             else:
                 _validate(kube_validate, doc, where)
                 seen_k8s += 1
@@ -261,7 +268,7 @@ def _mounted_config(docs: list[dict[str, Any]], tmp_path: Path) -> Path:
     return etc / "config.yaml"
 
 
-@pytest.mark.parametrize("render", ["default", "example", "all-on"])
+@pytest.mark.parametrize("render", ["default", "example", "karpenter", "all-on"])
 def test_rendered_config_and_policies_load(renders: dict[str, list[dict[str, Any]]], render: str, tmp_path: Path) -> None:
     docs = renders[render]
     path = _mounted_config(docs, tmp_path)
@@ -291,10 +298,31 @@ def test_example_references_the_bundle_and_agrees_with_it(renders: dict[str, lis
     got = model.model_dump(mode="json", exclude={"bundle_manifest"})
     for d in got["deployments"].values():
         d.pop("label_selector")
+    for c in got["capacity"].values():  # the bundle states the one-mix capacity; the mix-free split is unset
+        for key in ("prefill_tokens_per_s", "decode_tokens_per_s"):
+            assert c.pop(key) is None
     assert got == expected
     # A pool of every kind the issue names: on-prem, AWS spot, GCP spot, on-demand.
     assert {(p.tier.value, p.provider) for p in cfg.pools} >= {("onprem", "onprem"), ("spot", "aws"), ("spot", "gcp"), ("ondemand", "aws")}
     assert cfg.providers.type == "real"
+
+
+def test_karpenter_variant_names_its_nodepools_and_they_can_hold_its_pools(
+        renders: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    from providers.karpenter import CAPACITY_TYPES, capacity_type_problem, node_bound
+
+    cfg = DaemonConfig.model_validate(yaml.safe_load(_mounted_config(renders["karpenter"], tmp_path).read_text()))
+    node_pools = {d["metadata"]["name"]: d for d in yaml.safe_load_all((EXAMPLE / "karpenter" / "nodepools.yaml").read_text())}
+    karpenter = [p for p in cfg.pools if p.provider == "karpenter"]
+    assert {(p.name, p.tier.value) for p in karpenter} == {("aws-spot-l40s", "spot"), ("aws-ondemand-h100", "ondemand")}
+    assert not any(p.provider == "aws" for p in cfg.pools)
+    for p in karpenter:
+        assert p.karpenter is not None and p.tier is not None
+        np = node_pools[p.karpenter.node_pool]
+        assert capacity_type_problem(np, CAPACITY_TYPES[p.tier]) is None, p.name
+        assert node_bound(np, p.gpus_per_node, "nvidia.com/gpu") == p.max_nodes, p.name
+        # the nodes Karpenter makes carry the labels the pool selects
+        assert p.kubernetes.node_selector.items() <= np["spec"]["template"]["metadata"]["labels"].items(), p.name
 
 
 def test_daemon_pod_is_hardened_and_probed(renders: dict[str, list[dict[str, Any]]]) -> None:
@@ -346,8 +374,10 @@ RBAC_RENDERS = {
     # render name -> (extra helm args, the namespaces the daemon manages)
     "default": ([], ["tidegate"]),
     "example": (EXAMPLE_ARGS, ["llm"]),
+    "karpenter": (KARPENTER_ARGS, ["llm"]),
     "all-on": (ALL_ON_ARGS, ["tidegate"]),
     "two-namespaces": (["--set", "rbac.managedNamespaces={llm,llm-batch}"], ["llm", "llm-batch"]),
+    "sharded": (["--set", "replicaCount=3", "--set", "leaderElection.buckets=12"], ["tidegate"]),
 }
 
 
@@ -377,6 +407,28 @@ def test_rbac_grants_exactly_what_the_daemon_calls(helm: Path, render: str) -> N
     assert bound == roles
     sa = _one(docs, "ServiceAccount")["metadata"]["name"]
     assert all(s["name"] == sa and s["namespace"] == "tidegate" for b in bindings for s in b["subjects"])
+
+
+def test_sharded_chart_names_every_bucket_lease_the_daemon_uses(helm: Path) -> None:
+    """With leaderElection.buckets, the daemon's config shards over that many bucket Leases and
+    the Role names exactly the Leases the daemon's code names (controller.shards), nothing else."""
+    from controller.shards import bucket_lease_name, members_lease_name
+
+    docs = _template(helm, "--set", "replicaCount=3", "--set", "leaderElection.buckets=12")
+    cfg = yaml.safe_load(_configmap(docs, "-config")["config.yaml"])
+    election = DaemonConfig.model_validate(cfg).leader_election
+    assert (election.backend, election.buckets, _one(docs, "Deployment")["spec"]["replicas"]) == ("lease", 12, 3)
+    (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-leader-election")]
+    (named,) = [r["resourceNames"] for r in role["rules"] if "resourceNames" in r]
+    assert sorted(named) == sorted([members_lease_name(election.name),
+                                    *(bucket_lease_name(election.name, i, 12) for i in range(12))])
+    assert "tg-tidegate-bucket-07-of-12" in named
+    # one bucket is a single leader: its one Lease, as before
+    (single,) = [d for d in _template(helm) if d["kind"] == "Role" and d["metadata"]["name"].endswith("-leader-election")]
+    assert [r["resourceNames"] for r in single["rules"] if "resourceNames" in r] == [["tg-tidegate"]]
+    proc = subprocess.run([str(helm), "template", "tg", str(CHART), "--set", "leaderElection.backend=database",
+                           "--set", "leaderElection.buckets=4"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "leaderElection.buckets > 1 shards models over Leases" in proc.stderr, proc.stderr
 
 
 def test_rbac_check_fails_when_a_recorded_call_is_not_granted(renders: dict[str, list[dict[str, Any]]]) -> None:

@@ -66,9 +66,8 @@ class GcpWorld:
         self.kpool = KubernetesPoolProvider(self.pool, {"llama": Deployment(self.ns, "llama-gcp")},
                                             KubernetesCluster(self.api, ks), node_selector=self.labels, settings=ks)
 
-    def provider(self, *, dry_run: bool = False, settings: CloudPoolSettings = CloudPoolSettings()) -> CloudPoolProvider:
-        self.kpool.dry_run = dry_run
-        return CloudPoolProvider(self.kpool, self.group, dry_run=dry_run, settings=settings)
+    def provider(self, *, settings: CloudPoolSettings = CloudPoolSettings()) -> CloudPoolProvider:
+        return CloudPoolProvider(self.kpool, self.group, settings=settings)
 
     def cloud_and_cluster_catch_up(self, now: datetime) -> None:
         self.gcp.settle(self.mig)
@@ -198,19 +197,6 @@ def test_regional_groups_resize_and_delete_through_the_regional_client(gcp: GcpC
     paths = [r.path for r in gcp.requests() if r.is_write]
     assert all("/regions/us-central1/" in p for p in paths) and len(paths) == 2
     assert w.mig.target_size == 4 and g.instances[0].instance_id not in w.mig.instances
-
-
-def test_dry_run_sends_no_request_to_either_peer(gcp: GcpComputeServer, kube: KubePeer, clients: dict[str, object]) -> None:
-    w = GcpWorld(gcp, kube, clients, size=1)
-    p = w.provider(dry_run=True)
-    p.state(w.model, T0)
-    gmark, kmark = gcp.mark(), kube.mark()
-    actions = p.scale(w.model, 4, 2, T0)
-    assert gcp.requests_since(gmark) == [] and kube.requests_since(kmark) == []
-    assert [(a.call, a.status) for a in actions] == [(CALL_RESIZE, ActionStatus.DRY_RUN), (CALL_SCALE, ActionStatus.DRY_RUN)]
-    assert (actions[0].arguments["nodes"], actions[0].arguments["previous_nodes"]) == (2, 1)
-    assert (actions[1].arguments["replicas"], actions[1].arguments["previous_replicas"]) == (4, 0)
-    assert w.mig.target_size == 1
 
 
 def test_spot_list_prices_come_from_the_config() -> None:

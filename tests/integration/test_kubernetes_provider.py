@@ -52,12 +52,12 @@ class World:
     def settings(self, **kw: object) -> KubernetesSettings:
         return KubernetesSettings(retry=FAST_RETRY, **kw)  # type: ignore[arg-type]
 
-    def provider(self, *, settings: KubernetesSettings | None = None, dry_run: bool = False,
+    def provider(self, *, settings: KubernetesSettings | None = None,
                  models: dict[str, Deployment] | None = None) -> KubernetesPoolProvider:
         s = settings or self.settings()
         deployments = models or {"llama": Deployment(self.ns, "llama-onprem")}
         return KubernetesPoolProvider(self.pool, deployments, KubernetesCluster(self.api, s),
-                                      node_selector=self.pool_label, settings=s, dry_run=dry_run)
+                                      node_selector=self.pool_label, settings=s)
 
     def setup(self, replicas: int = 1, nodes: int = 2) -> None:
         """Our Deployment plus, beside it, a foreign Deployment in the same namespace and a node of
@@ -239,16 +239,3 @@ def test_scaling_in_after_a_notice_removes_the_replicas_on_the_noticed_node(worl
     assert dict(p.last_observation("llama").pods_by_node) == {first: 4}  # type: ignore[union-attr]
     # the same call again: nothing to annotate, nothing to scale
     assert [a.status for a in p.scale(world.model, 4, 0, T0 + timedelta(seconds=15))] == [ActionStatus.NOOP]
-
-
-def test_dry_run_makes_no_call_at_all_and_records_what_it_would_do(world: World) -> None:
-    world.setup(replicas=2)
-    p = world.provider(dry_run=True)
-    p.state(world.model, T0)
-    mark = world.kube.mark()
-    actions = p.scale(world.model, 5, 0, T0)
-    assert world.kube.requests_since(mark) == []
-    assert [(a.call, a.status, a.arguments["replicas"], a.arguments["previous_replicas"]) for a in actions] == [
-        (CALL_SCALE, ActionStatus.DRY_RUN, 5, 2)]
-    assert world.apps.read_namespaced_deployment("llama-onprem", world.ns).spec.replicas == 2
-

@@ -2,8 +2,10 @@
 modules, every real adapter and a short ``tidegate demo`` import neither matplotlib nor tqdm.
 
 numpy is not checked here: the daemon's install carries it as a dependency of ``tritonclient``
-(``controller.bundle`` reads Triton's model config through it); the project's own daemon modules
-never import it, which the import-linter contract "The daemon carries no simulator libraries" checks.
+(``controller.bundle`` reads Triton's model config through it), and the simulated world the demo
+runs on (``controller.sim``, behind ``providers.sim``) uses it; outside ``controller.sim`` the
+project's modules never import it, which the import-linter contract "The daemon carries no
+simulator libraries" checks.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DAEMON_MODULES = (
     "controller.cli", "controller.runtime", "controller.daemon", "controller.api", "controller.demo",
     "providers.real", "providers.cloudpool", "providers.kubernetes", "providers.aws", "providers.gcp",
-    "providers.prometheus", "providers.triton", "providers.leader", "providers.sim",
+    "providers.prometheus", "providers.triton", "providers.leader", "providers.sim", "providers.karpenter",
+    "controller.importer",
 )
 
 

@@ -1,6 +1,7 @@
 """One contract for every ``PoolProvider``: the simulated pools (``providers.sim``) and each real
 adapter (Kubernetes alone for on-prem, Kubernetes + AWS Auto Scaling, Kubernetes + GCP managed
-instance group) pass the same tests, so the simulated fleet cannot drift from the real ones.
+instance group, Kubernetes + Karpenter's NodePool and NodeClaims, Kubernetes alone under
+cluster-autoscaler) pass the same tests, so the simulated fleet cannot drift from the real ones.
 
 The real adapters run against their peers (kmock, moto, the local compute server). "The world
 catches up" (nodes come up, pods get scheduled and become ready) is, for the sim, time passing, and
@@ -14,7 +15,6 @@ releasing spot first, nodes last.
 
 from __future__ import annotations
 
-import importlib
 import json
 import uuid
 from collections.abc import Callable, Iterator
@@ -100,17 +100,16 @@ _SIM_CONFIG: dict[str, Any] = {
 
 
 def _sim(pool_name: str) -> Harness:
-    try:
-        sim = importlib.import_module("providers.sim")
-    except ImportError as e:  # another part of the project; absent in early checkouts
-        pytest.skip(f"providers.sim is not available yet ({e})")
+    """A pool of the one simulated world (``controller.sim.world``, the ``Simulation`` that
+    ``tidegate simulate`` runs), through ``providers.sim``."""
     from controller.config import DaemonConfig
+    from providers import sim
     from providers.clock import ManualClock
 
     cfg = DaemonConfig.model_validate(_SIM_CONFIG)
     clock = ManualClock(T0)
-    world = sim.SimWorld(cfg, clock)
-    provider = world.pool_provider(pool_name)
+    providers = sim.build_simulated_providers(cfg, clock)
+    provider = providers.pools[pool_name]
     h: Harness
 
     def catch_up(now: datetime) -> None:
@@ -119,12 +118,12 @@ def _sim(pool_name: str) -> Harness:
         h.now = clock.now()
 
     def fail() -> None:
-        world.fail_next(pool_name, TransientProviderError("injected: 503 Service Unavailable"))
+        providers.fail_next(pool_name, TransientProviderError("injected: 503 Service Unavailable"))
 
     h = Harness(provider, cfg.model_specs()["llama"], cfg.pool_specs()[pool_name],
                 has_node_group=pool_name != "onprem", node_calls=frozenset({sim.CALL_RESIZE_NODE_GROUP}),
                 replica_call=sim.CALL_SCALE_DEPLOYMENT, catch_up=catch_up,
-                writes=lambda: sum(1 for a in world.actions if a.status is ActionStatus.OK), fail_next_write=fail)
+                writes=lambda: sum(1 for a in providers.actions if a.status is ActionStatus.OK), fail_next_write=fail)
     return h
 
 
@@ -165,7 +164,29 @@ def _gcp(gcp: GcpComputeServer, kube: KubePeer, clients: dict[str, object]) -> H
                    catch_up=w.cloud_and_cluster_catch_up, writes=writes, fail_next_write=fail)
 
 
-@pytest.fixture(params=["sim-onprem", "sim-aws-spot", "kubernetes-onprem", "aws-spot", "gcp-spot"])
+def _deployment_only(kube: KubePeer, pool: str) -> Harness:
+    """A Karpenter pool (``spot``) or a cluster-autoscaler pool (``ca``), wired from a daemon config:
+    replicas only; Karpenter (played by the test) or the test brings the nodes."""
+    from tests.integration.test_karpenter_provider import KarpenterWorld
+
+    w = KarpenterWorld(kube)
+    provider = w.pools[pool]
+    provider.scale(w.model, 1, 0, w.now)
+
+    def catch_up(now: datetime) -> None:
+        if pool == "ca":
+            w.ctl.sync_nodes({f"{w.ns}-ca-{i}": f"ca-{i}" for i in range(2)}, w.ca_labels, 4)
+        w.karpenter.catch_up(now)
+
+    def fail() -> None:
+        kube.fault("PATCH", rf"/namespaces/{w.ns}/deployments/llama-{pool}/scale$", 503, times=FAST_RETRY.max_attempts)
+
+    return Harness(provider, w.model, w.specs[pool], False, frozenset(), CALL_SCALE, catch_up=catch_up,
+                   writes=lambda: len(kube.writes()), fail_next_write=fail)
+
+
+@pytest.fixture(params=["sim-onprem", "sim-aws-spot", "kubernetes-onprem", "aws-spot", "gcp-spot",
+                        "karpenter-spot", "cluster-autoscaler-spot"])
 def h(request: pytest.FixtureRequest) -> Harness:
     kind = request.param
     if kind == "sim-onprem":
@@ -173,6 +194,10 @@ def h(request: pytest.FixtureRequest) -> Harness:
     if kind == "sim-aws-spot":
         return _sim("aws-spot")
     kube = request.getfixturevalue("kube")
+    if kind == "karpenter-spot":
+        return _deployment_only(kube, "spot")
+    if kind == "cluster-autoscaler-spot":
+        return _deployment_only(kube, "ca")
     if kind == "kubernetes-onprem":
         return _kubernetes(kube)
     if kind == "aws-spot":
@@ -413,26 +438,6 @@ def test_burst_cycle_through_the_real_adapters(aws: AwsPeer, gcp: GcpComputeServ
     assert all(a.status is not ActionStatus.FAILED_TRANSIENT and a.status is not ActionStatus.FAILED_PERMANENT
                for a in f.log)
     assert {a.provider for a in f.log} == {"kubernetes", "aws", "gcp"}
-
-
-def test_dry_run_fleet_makes_zero_provider_calls(aws: AwsPeer, gcp: GcpComputeServer, kube: KubePeer,
-                                                 gcp_clients: dict[str, object]) -> None:
-    f = Fleet(aws, gcp, kube, gcp_clients)
-    f.world_catches_up()
-    for prov in f.providers.values():
-        if isinstance(prov, CloudPoolProvider):
-            prov.dry_run = prov.kube.dry_run = True
-        else:
-            prov.dry_run = True  # type: ignore[attr-defined]
-    states = {p: prov.state(f.model, f.now) for p, prov in f.providers.items()}
-    result = place(model=f.model, pools=f.specs, states=states, total=8, placement=SPREAD)
-    amark, gmark, kmark = aws.mark(), gcp.mark(), kube.mark()
-    actions = [a for p, prov in f.providers.items()
-               for a in prov.scale(f.model, result.replicas[p], f.specs[p].nodes_for(f.model, result.replicas[p]), f.now)]
-    assert aws.requests_since(amark) == [] and gcp.requests_since(gmark) == [] and kube.requests_since(kmark) == []
-    assert {a.status for a in actions} == {ActionStatus.DRY_RUN, ActionStatus.NOOP}
-    assert {(a.pool, a.arguments.get("replicas")) for a in actions if a.call == CALL_SCALE} == {
-        ("onprem", 4), ("aws-spot", 2), ("gcp-spot", 2), ("aws-od", 0)}
 
 
 def test_real_pools_are_wired_from_the_daemon_config(aws: AwsPeer, gcp: GcpComputeServer, kube: KubePeer) -> None:

@@ -73,10 +73,12 @@ def test_every_signal_per_model_and_pool_from_real_exporter_text(metrics_lab: Me
     onprem, spot = metrics_lab.triton["onprem"], metrics_lab.triton["aws-spot"]
     m = "llama-signals"
     # onprem: TensorRT-LLM model; its in-flight batcher queue wins over Triton's pending count
-    a = onprem.set_model(m, pending=99, summary_us={"0.99": 250_000.0})
+    first = Histogram(TRITON_FIRST_RESPONSE_BUCKETS_MS)  # decoupled: time to first token
+    a = onprem.set_model(m, pending=99, summary_us={"0.99": 250_000.0}, first_response_ms=first)
     onprem.set_trtllm(m, waiting=7, kv_used_blocks=1871.7, kv_max_blocks=6239)
     ta = onprem.trtllm[m]
     onprem.add_load(Ramp(a, "success", 10.0))
+    onprem.add_load(HistogramRamp(first, 300.0, 10.0))  # all in the (100, 500] ms bucket
     onprem.add_load(HistogramRamp(ta.output_tokens, 200.0, 10.0))
     onprem.add_load(HistogramRamp(ta.input_tokens, 800.0, 10.0))
     # spot: an older backend without the KV "fraction" series
@@ -100,6 +102,8 @@ def test_every_signal_per_model_and_pool_from_real_exporter_text(metrics_lab: Me
     assert s.queue_depth.value == 12.0  # 7 + 5 TensorRT-LLM waiting; Triton's 99 pending ignored
     assert s.p99_latency_ms.value == pytest.approx(400.0)  # worst pool; summaries are in us
     assert s.p99_latency_ms.reason is None
+    # TTFT from the first-response histogram (only onprem emits one): histogram_quantile's interpolation
+    assert s.p99_ttft_ms.value == pytest.approx(100 + 0.99 * 400, rel=0.01)
     util = [sum(LAB_GPU_UTIL_PCT["onprem"]) / 2, LAB_GPU_UTIL_PCT["aws-spot"][0]]
     assert s.gpu_utilization_pct.value == pytest.approx(sum(util) / 2)  # mean of the pools' means
     assert s.request_rate_per_s.value == pytest.approx(16.0, rel=0.05)
@@ -520,3 +524,49 @@ def test_pools_told_apart_by_another_label_from_settings(metrics_lab: MetricsLab
     assert reason_code(obs.models[m].kv_cache_utilization_pct) == "NotConfigured"
     with pytest.raises(ValueError, match="unknown_signal"):
         PromQueries.model_validate({"unknown_signal": "up"})
+
+
+def test_a_promql_rules_own_query_is_evaluated_once_per_tick_and_scales_like_keda(metrics_lab: MetricsLab) -> None:
+    from controller.core.model import Sample
+    from policies.base import PolicyContext, Registry
+
+    m = "promql-rule"
+    metrics_lab.triton["onprem"].set_model(m, pending=13)
+    query = f'sum(nv_inference_pending_request_count{{model="{m}"}})'
+    broken = 'sum(nv_inference_pending_request_count{model="no-such-model"})'
+    several = f'nv_inference_pending_request_count{{model="{m}"}} or vector(1)'
+    reg = Registry.from_entry_points()
+    rule = reg.build("promql", {"query": query, "target_per_replica": 4}, "rps")
+    session = CountingSession()
+    with PrometheusMetricsSource(metrics_lab.prometheus.url, FAST, session=session) as src:
+        src.set_queries({m: (*rule.queries(), broken, several), "other": rule.queries()})
+        obs = poll(lambda: src.observe_detailed([spec(m, ("onprem",)), spec("other")], now()),
+                   lambda o: o.models[m].query(query).value is not None)
+        session.queries.clear()
+        obs = src.observe_detailed([spec(m, ("onprem",)), spec("other")], now())
+        evaluations = session.queries.count(query)
+        # behind the Triton fallback (CombinedMetricsSource) the queries still reach Prometheus
+        from providers.triton import CombinedMetricsSource
+
+        class NoFallback:
+            def observe(self, models: Any, at: datetime) -> dict[str, ModelSignals]:
+                return {}
+
+        combined = CombinedMetricsSource(src, NoFallback())
+        combined.set_queries({m: (query,)})
+        assert combined.observe([spec(m, ("onprem",))], now())[m].query(query).value == 13.0
+    sig = obs.models[m]
+    assert sig.query(query).value == 13.0
+    assert evaluations == 1  # one evaluation for both models that want it
+    assert obs.models["other"].query(query) == sig.query(query)
+    assert sig.query(broken).value is None and reason_code(sig.query(broken)) == "NoData"
+    assert sig.query(several).value is None and reason_code(sig.query(several)) == "SeveralSeries"
+    # the rule on that value: KEDA's ceil(13 / 4) = 4
+    t = now()
+    ctx = PolicyContext(model=spec(m), signals=sig, now=t, current_replicas=2, ready_replicas=2, capacity=None,
+                        max_signal_age_s=60)
+    rec = rule.recommend(ctx)
+    assert rec.replicas == 4 and rec.reason == "QueryAboveTarget" and not rec.missing_data
+    gone = reg.build("promql", {"query": broken, "target_per_replica": 4}, "gone").recommend(ctx)
+    assert gone.replicas is None and gone.missing_data and gone.reason == "MetricMissing"
+    assert isinstance(sig.query("never asked"), Sample) and sig.query("never asked").value is None

@@ -52,7 +52,9 @@ from tests.unit.test_pipeline import Fixed
 START = datetime(2025, 3, 3, 7, 50, tzinfo=timezone.utc)
 TICKS = 4
 GPUS = ("A100", "H100", "L4")
-SAMPLES = model_signal_names()
+SAMPLES = tuple(n for n in model_signal_names() if n != "p99_ttft_ms")
+"""The signals drawn at random (p99_ttft_ms, added later, is left missing so that the random stream,
+and with it every earlier scenario, stays as it was)."""
 
 
 class Scripted(Fixed):

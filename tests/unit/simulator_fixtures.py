@@ -14,7 +14,7 @@ import numpy as np
 
 from controller.core.model import ModelSpec, Tier, PoolSpec, ReplicaCapacity
 from controller.core.policy import EffectivePolicy
-from controller.core.spec import SLO, Bounds, Budget, PolicySpec, RuleSpec
+from controller.core.spec import SLO, Bounds, Budget, CapacityLearning, PolicySpec, RuleSpec
 from controller.sim.engine import EngineOptions, SimSetup, SloTargets
 from controller.sim.service import PROFILES_DIR, FluidReplicaModel, TokenGrid, load_profile
 from controller.sim.spot import SpotModel
@@ -78,14 +78,15 @@ def setup(workload: RateSeries | RequestTrace, *, pool_specs: dict[str, PoolSpec
                     duration_s=duration_s, grid=grid())
 
 
-def policy(min_replicas: int = 1, max_replicas: int = 16, **slo_guard: object) -> EffectivePolicy:
+def policy(min_replicas: int = 1, max_replicas: int = 16, learn: bool = True, **slo_guard: object) -> EffectivePolicy:
     reg = Registry.from_entry_points()
     # GPU utilization (DCGM_FI_DEV_GPU_UTIL, time with a kernel running) reads ~100 % whenever a
     # continuous-batching replica holds any request, so it cannot size an LLM fleet: off.
     params = {"capacity_fraction": 0.8, "gpu_utilization_target_pct": None, **slo_guard}
     spec = PolicySpec(model="llama3-70b-fp8", bounds=Bounds(min_replicas=min_replicas, max_replicas=max_replicas),
                       slo=SLO(ttft_p99_ms=1500, tpot_ms=100, p99_latency_ms=20000, queue_depth_per_replica=4),
-                      rules=(RuleSpec(kind="slo-guard", params=params),), budget=Budget())
+                      rules=(RuleSpec(kind="slo-guard", params=params),), budget=Budget(),
+                      capacity=CapacityLearning(learn=learn))
     rule = reg.build("slo-guard", params)
     return EffectivePolicy(model="llama3-70b-fp8", spec=spec, rules=(rule,), version="test")
 

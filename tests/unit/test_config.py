@@ -67,7 +67,7 @@ def _err(raw: dict) -> str:
     (lambda r: r["pools"][2].update(gpus_per_node=1), ["gpus_per_node (1)", "tp_degree (2)"]),
     (lambda r: r["models"][0].update(gpu_types=["H100", "L40S"]), ["L40S"]),
     (lambda r: r["pools"][0].update(colour="blue"), ["colour"]),
-    (lambda r: r["pools"][1].update(provider="moon"), ["'moon'", "not installed", "installed: aws, gcp, onprem"]),
+    (lambda r: r["pools"][1].update(provider="moon"), ["'moon'", "not installed", "installed: aws, cluster-autoscaler, gcp, karpenter, onprem"]),
     (lambda r: r["pools"][1].pop("provider"), ["tier 'spot' needs a provider"]),
     (lambda r: r["pools"][0].update(tier="spot"), ["tier 'spot'", "provider 'onprem' holds only onprem"]),
     (lambda r: r["pools"][1].update(kind="aws-ondemand"), ["kind ('aws-ondemand')", "tier is 'spot'"]),

@@ -32,6 +32,7 @@ from controller.core.model import (
     ScaleEvent,
 )
 from controller.core.pipeline import STAGES, decide
+from controller.core.placement import place
 from controller.core.policy import EffectivePolicy
 from controller.core.pricing import placement_cost
 from controller.core.reasons import Reason
@@ -347,7 +348,9 @@ def test_rule_state_round_trips_and_context_values() -> None:
     spy = Spy(Spy.Params())
     pol = policy(spy, fixed(4), slo={"p99_latency_ms": 900}, missing_data={"max_signal_age_s": 45})
     d1 = run(pol, {"onprem": 3, "spot-b": 1})
-    assert d1.history.rule_state == {"spy": {"n": 1}, "fixed": {}}
+    # the rules' states, plus the capacity learner's under its reserved key (no evidence on the first tick)
+    assert {k: v for k, v in d1.history.rule_state.items() if not k.startswith("@")} == {"spy": {"n": 1}, "fixed": {}}
+    assert d1.history.rule_state["@capacity"]["scale"] == 1.0
     # replica-weighted capacity: 3 x A100 (1000 tok/s) + 1 x L4 (400) = 850
     assert "current=4 ready=4 tokens=850.0 slo=900.0 age=45.0" in d1.recommendations[0].message
     d2 = run(pol, d1.placement, history=d1.history, now=NOW + timedelta(seconds=5))
@@ -501,9 +504,14 @@ def test_prop_decide_bounds_budget_determinism(case, paused: bool) -> None:
     if spec.budget.max_cost_per_million_tokens_usd is not None and rate and not paused:
         token_cap = spec.budget.max_cost_per_million_tokens_usd * rate * 3600 / 1e6
         if d.cost_per_hour_usd > token_cap + 1e-6:
-            # the efficiency ceiling only gives way to hold min_replicas (or what was already there)
+            # the efficiency ceiling only gives way to hold min_replicas (or what was already there):
+            # it is raised to what placing those costs, and replicas that fit in that cost (a
+            # second replica on a node the floor already pays for) are free to keep
             floors = [r.replicas or 0 for r in d.recommendations if r.opinion is Opinion.FLOOR]
-            assert d.replicas <= max(spec.bounds.min_replicas, d.current_replicas, *floors), d.trace
+            floor = max(spec.bounds.min_replicas, d.current_replicas, *floors)
+            floor_cost = place(model=sc.model, pools=sc.pools, states=sc.states, total=floor,
+                               placement=spec.placement).cost_per_hour_usd
+            assert d.cost_per_hour_usd <= max(token_cap, floor_cost) + 1e-6, d.trace
     if d.replicas < spec.bounds.min_replicas:
         limited = {Reason.BUDGET_CAP_REACHED.value, Reason.COST_PER_TOKEN_CAP_REACHED.value}
         assert (stage(d, "budget").reason in limited
@@ -515,3 +523,14 @@ def test_prop_decide_bounds_budget_determinism(case, paused: bool) -> None:
     changed = d.actuate and d.replicas != d.current_replicas
     assert (d.history.scale_events[-1:] == (ScaleEvent(NOW, d.current_replicas, d.replicas),)) is changed
     assert decide(**kw) == d  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("queue, pressure", [(0.0, False), (2.0, True)])
+def test_a_p99_ttft_over_target_is_capacity_pressure_only_while_requests_wait(queue: float, pressure: bool) -> None:
+    """After a backlog is served the p99 TTFT of its window stays high with nothing waiting: the
+    learner must not read it as replicas at capacity."""
+    pol = policy(fixed(4), slo={"ttft_p99_ms": 1000})
+    sig = signals({"onprem": 4}, output_tokens_per_s=Sample(3000.0, NOW), p99_ttft_ms=Sample(5000.0, NOW),
+                  queue_depth=Sample(queue, NOW))
+    evidence = run(pol, sig=sig).history.rule_state["@capacity"]["evidence"]
+    assert evidence.startswith("pressure") == pressure, evidence

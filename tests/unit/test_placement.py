@@ -369,3 +369,19 @@ def test_prop_placement_invariants(sc: Scenario) -> None:
 @given(scenarios(with_cap=False, min_spread=2))
 def test_prop_placement_invariants_spread(sc: Scenario) -> None:
     check_all(sc)
+
+
+def test_placement_says_why_each_pool_got_what_it_got() -> None:
+    """The reasons name the order and the replica-hour prices that set it, the full pools, and
+    on-demand left out; the placement stage's message carries them into the decision log."""
+    pools = fleet(pool("onprem", ONPREM, 4.0, nodes=1), pool("aws-spot", AWS_SPOT, 3.79),
+                  pool("gcp-spot", GCP_SPOT, 3.75), pool("od", AWS_OD, 10.0))
+    r = run(pools, {}, 3, spec=Placement(spot_spread_min_pools=1, allow_on_demand=False))
+    assert r.replicas == {"onprem": 1, "aws-spot": 0, "gcp-spot": 2, "od": 0}
+    assert r.why == ("gcp-spot before aws-spot: $3.75 vs $3.79 per replica-hour", "onprem full: 1 of 1",
+                     "on-demand pools left out: the policy does not allow on-demand")
+    assert "why: gcp-spot before aws-spot: $3.75 vs $3.79 per replica-hour" in r.message()
+    # equal prices: the priority orders them, and the reason says so
+    tied = fleet(pool("a", AWS_SPOT, 2.0, priority=1), pool("b", GCP_SPOT, 2.0, priority=0))
+    assert run(tied, {}, 1, spec=Placement(spot_spread_min_pools=1)).why == (
+        "b before a: same $2.00 per replica-hour, priority 0 vs 1",)

@@ -25,6 +25,7 @@ from controller.core.reasons import Reason
 from controller.core.signals import model_signal_names, signal
 from policies.base import PolicyContext, PolicyKind, Registry, SLOTargets, UnknownPolicyKind
 from policies.cron import parse_cron
+from policies.promql import PromQL
 from policies.queue_depth import QueueDepth
 from policies.schedule import Schedule
 from policies.slo_guard import SloGuard
@@ -35,7 +36,7 @@ NOW = datetime(2024, 9, 9, 12, 0, tzinfo=UTC)  # a Monday
 CAPACITY = ReplicaCapacity(output_tokens_per_s=1000, requests_per_s=2)
 MODEL = ModelSpec(name="llama3-70b-fp8", tp_degree=2, quantization="fp8", gpu_types=("H100",),
                   cold_start_s=300, capacity={"H100": CAPACITY}, pools=("onprem-h100",))
-BUILTINS = (SloGuard, TargetUtilization, QueueDepth, Schedule)
+BUILTINS = (SloGuard, TargetUtilization, QueueDepth, Schedule, PromQL)
 STALE = object()
 NAN = object()
 MISS = object()

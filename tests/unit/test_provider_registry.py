@@ -11,23 +11,27 @@ from controller.core.model import Tier
 from controller.demo import demo_config_path
 from providers.aws import AwsProvider
 from providers.gcp import GcpProvider
-from providers.kubernetes import OnPremProvider
+from providers.karpenter import KarpenterProvider
+from providers.kubernetes import ClusterAutoscalerProvider, OnPremProvider
 from providers.registry import PoolProviderKind, ProviderRegistry, UnknownProvider, installed, split_legacy_kind
 
 
-class Karpenter(PoolProviderKind):
-    """A provider with no settings sections: its pools are their Kubernetes side only."""
+class SpotBroker(PoolProviderKind):
+    """A provider from another package, with no settings sections: its pools are their
+    Kubernetes side only."""
 
-    name = "karpenter"
+    name = "spot-broker"
     tiers = frozenset({Tier.SPOT, Tier.ONDEMAND})
 
 
 def test_the_built_ins_are_found_through_their_entry_points() -> None:
     reg = installed()
-    assert reg.names() == ["aws", "gcp", "onprem"]
+    assert reg.names() == ["aws", "cluster-autoscaler", "gcp", "karpenter", "onprem"]
+    cloud = {Tier.SPOT, Tier.ONDEMAND}
     assert {n: reg.get(n).tiers for n in reg.names()} == {
-        "onprem": {Tier.ONPREM}, "aws": {Tier.SPOT, Tier.ONDEMAND}, "gcp": {Tier.SPOT, Tier.ONDEMAND}}
-    assert (type(reg.get("aws")), type(reg.get("gcp")), type(reg.get("onprem"))) == (AwsProvider, GcpProvider, OnPremProvider)
+        "onprem": {Tier.ONPREM}, "aws": cloud, "gcp": cloud, "karpenter": cloud, "cluster-autoscaler": cloud}
+    assert [type(reg.get(n)) for n in reg.names()] == [
+        AwsProvider, ClusterAutoscalerProvider, GcpProvider, KarpenterProvider, OnPremProvider]
 
 
 def test_unknown_and_doubly_registered_providers_are_refused() -> None:
@@ -61,12 +65,12 @@ def test_a_provider_from_another_package_is_usable_in_a_config() -> None:
     # A registry holding a provider this repository does not ship: the config takes pools of it
     # (legacy spelling too), by tier, with no change to the core or the schema.
     raw = yaml.safe_load(demo_config_path().read_text())
-    raw["pools"][1].update(provider="karpenter")
+    raw["pools"][1].update(provider="spot-broker")
     raw["pools"][2].pop("tier"), raw["pools"][2].pop("provider")
-    raw["pools"][2]["kind"] = "karpenter-spot"
-    with pytest.raises(ValidationError, match="'karpenter', which is not installed"):
+    raw["pools"][2]["kind"] = "spot-broker-spot"
+    with pytest.raises(ValidationError, match="'spot-broker', which is not installed"):
         DaemonConfig.model_validate(raw)
-    reg = ProviderRegistry([OnPremProvider, AwsProvider, Karpenter])
+    reg = ProviderRegistry([OnPremProvider, AwsProvider, SpotBroker])
     specs = DaemonConfig.model_validate(raw, context={"providers": reg}).pool_specs()
     assert [(s.tier, s.provider) for s in specs.values()] == [
-        (Tier.ONPREM, "onprem"), (Tier.SPOT, "karpenter"), (Tier.SPOT, "karpenter"), (Tier.ONDEMAND, "aws")]
+        (Tier.ONPREM, "onprem"), (Tier.SPOT, "spot-broker"), (Tier.SPOT, "spot-broker"), (Tier.ONDEMAND, "aws")]

@@ -118,7 +118,10 @@ def provider_names_in_code(source: str, names: set[str], filename: str = "<src>"
     import re
 
     pattern = re.compile(rf"(?<![a-z])({'|'.join(sorted(names))})(?![a-z])", re.IGNORECASE)
-    tree = ast.parse(source, filename)
+    try:
+        tree = ast.parse(source, filename)
+    except SystemError:  # CPython 3.11.7 here: "AST constructor recursion depth mismatch" (cf. gh-106905), a parse racing a thread; once more
+        tree = ast.parse(source, filename)
     docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
     found = []
     for node in ast.walk(tree):

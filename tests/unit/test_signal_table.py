@@ -89,8 +89,8 @@ def test_combine_rules() -> None:
 # baselines, benchmarks).
 SPELLERS = {
     "controller/core/signals.py",
-    "providers/prometheus.py", "providers/triton.py", "controller/core/pricing.py", "providers/sim/world.py",
-    "controller/sim/engine.py",
+    "providers/prometheus.py", "providers/triton.py", "controller/core/pricing.py",
+    "controller/sim/scrape.py",
     "controller/sim/baselines.py",
 }
 SPELLER_DIRS = ("policies/", "bench/")

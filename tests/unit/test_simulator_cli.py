@@ -68,6 +68,7 @@ def test_simulate_is_deterministic(azure_csv: Path, capsys: pytest.CaptureFixtur
     (["--baselines", "kubeflow"], "unknown baseline"),
     (["--spot", "nopool=rate:1"], "no pool"),
     (["--peak-replicas", "4", "--load-scale", "2"], "not both"),
+    (["--initial-replicas", "-1"], "give 0 or more replicas"),
 ])
 def test_simulate_bad_input_exits_2(azure_csv: Path, capsys: pytest.CaptureFixture[str], extra: list[str], needle: str) -> None:
     args = ["--trace", str(azure_csv), "--fleet", str(FLEET), "--no-progress"]

@@ -16,11 +16,16 @@ CHECKED = [
     "controller/auth.py", "controller/config.py", "controller/runtime.py", "controller/cli.py",
     "controller/demo.py", "controller/analysis.py", "controller/policyfile.py", "controller/metrics.py",
     "controller/logs.py", "controller/docs.py", "controller/protocols.py", "controller/bundle.py",
-    "controller/backend_source.py",
+    "controller/backend_source.py", "controller/ui.py", "controller/palette.py", "docs/gen_config.py",
+    "controller/metrics_export.py", "controller/status.py", "controller/shards.py",
     "providers/sim", "providers/clock.py", "providers/prometheus.py", "providers/triton.py",
     "tests/integration/exporters.py", "controller/sim",
     "providers/base.py", "providers/cloudpool.py", "providers/kubernetes.py", "providers/aws.py", "providers/gcp.py",
     "providers/leader.py", "providers/real.py", "providers/wiring.py", "providers/registry.py", "deploy/helm/gen_schema.py", "controller/errors.py", "controller/plugins.py",
+    "controller/live.py", "controller/client.py", "controller/replay.py", "controller/shadow.py", "controller/completion.py",
+    "controller/timespec.py", "controller/controller.py",
+    "controller/crd.py", "controller/kubestatus.py", "providers/kubeobjects.py", "deploy/helm/gen_crd.py",
+    "providers/karpenter.py", "controller/importer.py",
 ]
 
 

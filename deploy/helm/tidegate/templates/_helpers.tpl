@@ -51,11 +51,31 @@ app.kubernetes.io/component: controller
 {{- default (include "tidegate.fullname" .) .Values.leaderElection.leaseName }}
 {{- end }}
 
+{{/* The Leases the daemon reads and writes by name, as a JSON list: the leader's Lease, or with
+leaderElection.buckets > 1 one per bucket (controller.shards.bucket_lease_name) and the members Lease. */}}
+{{- define "tidegate.leaseNames" -}}
+{{- $name := include "tidegate.leaseName" . }}
+{{- $n := int .Values.leaderElection.buckets }}
+{{- if gt $n 1 }}
+{{- $width := len (toString (sub $n 1)) }}
+{{- $names := list (printf "%s-members" $name) }}
+{{- range $i := until $n }}
+{{- $names = append $names (printf "%s-bucket-%0*d-of-%d" $name $width $i $n) }}
+{{- end }}
+{{- toJson $names }}
+{{- else }}
+{{- toJson (list $name) }}
+{{- end }}
+{{- end }}
+
 {{/* The leader election backend: leaderElection.backend, or lease when more than one pod runs. */}}
 {{- define "tidegate.leaderBackend" -}}
 {{- $backend := .Values.leaderElection.backend | default (ternary "lease" "none" (gt (int .Values.replicaCount) 1)) }}
 {{- if and (eq $backend "none") (gt (int .Values.replicaCount) 1) }}
 {{- fail "leaderElection.backend none with replicaCount > 1 would run several acting daemons: use lease (or database on PostgreSQL), or replicaCount 1" }}
+{{- end }}
+{{- if and (gt (int .Values.leaderElection.buckets) 1) (ne $backend "lease") }}
+{{- fail "leaderElection.buckets > 1 shards models over Leases: set leaderElection.backend lease (or leave it empty with replicaCount > 1)" }}
 {{- end }}
 {{- $backend }}
 {{- end }}
@@ -85,6 +105,7 @@ daemon takes is the one the Role grants). */}}
 {{- $_ := set $election "lease_namespace" .Release.Namespace }}
 {{- $_ := set $election "lease_duration_s" (int .Values.leaderElection.leaseDurationSeconds) }}
 {{- $_ := set $election "retry_period_s" .Values.leaderElection.retryPeriodSeconds }}
+{{- $_ := set $election "buckets" (int .Values.leaderElection.buckets) }}
 {{- $_ := set $cfg "leader_election" $election }}
 {{- toYaml $cfg }}
 {{- end }}

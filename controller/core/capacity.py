@@ -1,0 +1,296 @@
+"""Learned capacity: what one replica sustains at the SLO, for the token mix it is serving now.
+
+Why: a fixed "69 output tokens/s per replica" holds for one token mix only. A workload with longer
+answers makes the token signal ask for many times the replicas it needs, one with longer prompts
+for too few. So the capacity is computed in two steps, each tick:
+
+1. **Prior, for the observed mix.** Where the bundle's capacity gives ``prefill_tokens_per_s`` and
+   ``decode_tokens_per_s`` (what one replica processes at the SLO when doing only that), a request
+   of the observed mix (``P`` prompt and ``O`` output tokens on average, from the prompt-token,
+   output-token and request rates) costs ``P / prefill + O / decode`` replica-seconds, so a replica
+   sustains ``1 / that`` requests/s and ``O / that`` output tokens/s. Without those fields (or
+   before any token rate is seen) the prior is the bundle's fixed ``output_tokens_per_s`` /
+   ``requests_per_s``.
+2. **Correction, learned online** from what ready replicas actually sustain: ``scale`` multiplies
+   the prior. Each tick with a settled fleet (every desired replica ready, rates fresh), the load
+   per ready replica in units of the prior, ``u``, is evidence:
+
+   - *under pressure* (the smoothed queue per replica, or p99 latency, at least
+     ``pressure_ratio`` of its target, the smoothed pressure not falling, and no replica become
+     ready within ``tau_s``: new replicas drain a backlog that the windowed signals still show):
+     the replicas are at their capacity, so it is at most ``u``: ``scale`` drops to ``u`` when
+     above it (an upper bound, remembered for ``memory_s``);
+   - *calm* (smoothed queue under ``calm_ratio`` of its target): the replicas sustain ``u``, so
+     ``scale`` moves toward ``u`` when below it; and while the fleet runs close to its planned
+     load and no recent upper bound forbids it, ``scale`` probes upward by ``probe_per_min`` a
+     minute: a fleet sized by a pessimistic prior never loads its replicas enough to show that
+     they could take more.
+
+   The pressure is smoothed with time constant ``tau_s`` (time is data: computed from the
+   observations' timestamps, never from tick counts), each reading clipped to ``PRESSURE_CAP``.
+   ``scale`` stays within [``min_scale``, ``max_scale``].
+
+The state is plain JSON in the history's rule state under ``STATE_KEY`` (persisted and rebuilt
+from the decision log like a rule's). Pure: standard library and the core's own values only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Mapping
+
+from controller.core.model import Decision, ModelSignals, ReplicaCapacity
+from controller.core.spec import CapacityLearning
+
+STATE_KEY = "@capacity"
+"""Key of the learner's state in ``History.rule_state`` (rule names cannot start with ``@``)."""
+
+RECOVER_PER_MIN = 0.15
+"""Below the profile, calm evidence raises the learned value back toward it at most this much per
+minute even with ``probe_per_min: 0`` (a correction downward is not a ratchet)."""
+
+PROBE_MIN_REPLICAS = 4
+"""No upward probe with fewer ready replicas: releasing one of three is a third of the fleet, and
+a probe that overshoots there costs the SLO more than the replica saves."""
+
+PRESSURE_CAP = 2.0
+"""Pressure is smoothed clipped to this (twice the SLO): beyond it, it says only "at capacity". A
+cold start into a backlog reads hundreds of times the SLO; smoothed unclipped, that reading would
+decay for many ``tau_s`` and, easing all the while, hide the real pressure that follows."""
+
+REFERENCE_PROMPT_TOKENS = 1000.0
+REFERENCE_OUTPUT_TOKENS = 250.0
+"""The mix at which a capacity given only as prefill/decode tokens/s is quoted as requests/s and
+output tokens/s where no mix has been observed (before the first token rates, and for readers
+without a mix such as the SkyServe baseline's default target)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mix:
+    """Mean tokens per request of the traffic being served."""
+
+    prompt_tokens: float
+    output_tokens: float
+
+
+@dataclass(frozen=True, slots=True)
+class Learned:
+    """The capacity in force this tick and how it came about (for the trace and ``/v1/status``)."""
+
+    capacity: ReplicaCapacity
+    prior: ReplicaCapacity
+    """The profile's capacity for the same mix, uncorrected."""
+    scale: float
+    evidence: str
+    """What this tick's observation taught (``pressure``, ``calm``, ``probe``, or why nothing)."""
+    state: Mapping[str, Any]
+
+    def describe(self) -> str:
+        """One line: ``capacity 41 output tok/s per replica, learned (x0.59); profile 69``."""
+        how = f"learned (x{self.scale:.2f}, {self.evidence})" if self.scale != 1.0 else f"profile ({self.evidence})"
+        return (f"capacity {self.capacity.output_tokens_per_s:.3g} output tok/s, "
+                f"{self.capacity.requests_per_s:.3g} req/s per replica, {how}; "
+                f"profile {self.prior.output_tokens_per_s:.3g} tok/s, {self.prior.requests_per_s:.3g} req/s")
+
+
+def observed_mix(signals: ModelSignals, now: datetime, max_age_s: float) -> Mix | None:
+    """Mean prompt and output tokens per request from the fresh rates; ``None`` without traffic."""
+    req = signals.request_rate_per_s.fresh(now, max_age_s)
+    out = signals.output_tokens_per_s.fresh(now, max_age_s)
+    inp = signals.input_tokens_per_s.fresh(now, max_age_s)
+    if req is None or out is None or inp is None or req <= 0 or out < 0 or inp < 0:
+        return None
+    return Mix(inp / req, max(out / req, 1.0))
+
+
+def for_mix(cap: ReplicaCapacity, mix: Mix | None, scale: float = 1.0) -> ReplicaCapacity:
+    """``cap`` for ``mix`` (prefill/decode model when the capacity has it), times ``scale``."""
+    pre, dec = cap.prefill_tokens_per_s, cap.decode_tokens_per_s
+    if pre is None or dec is None:
+        if scale == 1.0:
+            return cap
+        return ReplicaCapacity(cap.output_tokens_per_s * scale, cap.requests_per_s * scale, pre, dec)
+    prompt, output = ((mix.prompt_tokens, mix.output_tokens) if mix is not None
+                      else (REFERENCE_PROMPT_TOKENS, REFERENCE_OUTPUT_TOKENS))
+    seconds = prompt / pre + output / dec
+    rps = scale / seconds if seconds > 0 else cap.requests_per_s * scale
+    return ReplicaCapacity(rps * output, rps, pre, dec)
+
+
+def smoothed_mix(state: Mapping[str, Any], mix: Mix | None, now_s: float, tau_s: float) -> Mix | None:
+    """The mix averaged over about ``tau_s`` (kept in the learner's state as ``mix``): one minute's
+    mean of a few requests says little, and a minute without traffic keeps the last mix known."""
+    raw = state.get("mix")
+    old = None
+    if isinstance(raw, (list, tuple)) and len(raw) == 3:
+        try:
+            old = (float(raw[0]), float(raw[1]), float(raw[2]))
+        except (TypeError, ValueError):
+            old = None
+    if mix is None:
+        return None if old is None else Mix(old[1], old[2])
+    if old is None:
+        return mix
+    a = 1.0 - math.exp(-max(0.0, now_s - old[0]) / tau_s)
+    return Mix(old[1] + a * (mix.prompt_tokens - old[1]), old[2] + a * (mix.output_tokens - old[2]))
+
+
+def _num(state: Mapping[str, Any], key: str, default: float) -> float:
+    """A number from JSON-round-tripped state (a malformed value is the default, never fatal)."""
+    try:
+        v = float(state.get(key, default))
+    except (TypeError, ValueError):
+        return default
+    return v if math.isfinite(v) else default
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """One tick's evidence about the fleet's capacity, already read from the signals."""
+
+    now_s: float
+    load_units: float | None
+    """Load in units of one replica's prior capacity for the mix (``None``: no fresh rate)."""
+    ready: int
+    settled: bool
+    """Every desired replica ready (new replicas are not loaded yet: no evidence while starting)."""
+    slack: int = 0
+    """Replicas the tolerance dead band lets the fleet sit above its recommendation."""
+    pressure: float | None = None
+    """How close the replicas are to the SLO, 1 = at it: the largest of the queue per ready replica
+    over its target, the mean wait (queue over request rate, Little's law) over
+    ``wait_fraction`` of the TTFT target, and p99 latency over its target (``None``: none known)."""
+
+
+def _smooth(old: float | None, new: float, dt: float, tau_s: float) -> float:
+    if old is None or dt <= 0:
+        return new if old is None else old
+    a = 1.0 - math.exp(-dt / tau_s)
+    return old + a * (new - old)
+
+
+def _pressure(smoothed: float | None, previous: float | None, held_off: bool, cfg: CapacityLearning) -> str | None:
+    """``pressure``, ``calm`` or ``None`` (in between, or nothing to judge by). Pressure counts
+    only while it is not easing and not ``held_off`` (a backlog draining after new replicas came
+    is no evidence)."""
+    if smoothed is None:
+        return None
+    if smoothed >= cfg.pressure_ratio and not held_off and (previous is None or smoothed >= previous - 1e-9):
+        return "pressure"
+    if smoothed <= cfg.calm_ratio:
+        return "calm"
+    return None
+
+
+def _restore(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning) -> tuple[float, float, float | None, float, float]:
+    """(scale, dt since the last observation, previous smoothed pressure, upper bound, its time)
+    from the state (tolerant of a JSON round trip and of malformed values)."""
+    scale = min(max(_num(state, "scale", 1.0), cfg.min_scale), cfg.max_scale)
+    dt = max(0.0, min(obs.now_s - _num(state, "t", obs.now_s), 300.0))  # a long gap is one step, not a leap
+    q_prev = None if state.get("q") is None else min(_num(state, "q", 0.0), PRESSURE_CAP)
+    hi, hi_t = _num(state, "hi", math.inf), _num(state, "hi_t", -math.inf)
+    if obs.now_s - hi_t > cfg.memory_s:
+        hi = math.inf
+    return scale, dt, q_prev, hi, hi_t
+
+
+def _held_off(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning, new: dict[str, Any]) -> bool:
+    """Whether replicas became ready within ``tau_s``: they drain a backlog the windowed signals
+    still show, so the load per ready replica understates what one sustains. Records the ready
+    count and the time it last rose in ``new``."""
+    up_t = obs.now_s if obs.ready > _num(state, "n", obs.ready) else _num(state, "up_t", -math.inf)
+    new["n"], new["up_t"] = obs.ready, None if math.isinf(up_t) else up_t
+    return obs.now_s - up_t < cfg.tau_s
+
+
+def _calm(scale: float, u: float, hi: float, dt: float, obs: Observed, cfg: CapacityLearning, planned_fraction: float
+          ) -> tuple[float, str]:
+    """Calm evidence. Up slowly, down fast (AIMD): a capacity set too high costs the SLO, one too
+    low costs money for a minute. Calm evidence above the estimate and the probe both rise at most
+    ``probe_per_min``, and never to a load at which pressure was seen within ``memory_s``."""
+    evidence = f"calm at {u:.3g} x profile per replica"
+    step = scale * (1.0 + cfg.probe_per_min * dt / 60.0)
+    if scale < 1.0:  # back toward the profile after a correction, whatever the probe allows above it
+        step = max(step, min(1.0, scale * (1.0 + RECOVER_PER_MIN * dt / 60.0)))
+    if u > scale:
+        return min(u, step, max(hi, scale)), evidence
+    # Probe only while the fleet is the size the current estimate asks for, give or take the
+    # tolerance dead band that keeps a small change from happening (raising the estimate before the
+    # fleet has followed teaches nothing), and only with enough replicas that the one a probe
+    # releases is a small step (PROBE_MIN_REPLICAS).
+    ready = obs.ready
+    if (obs.settled and ready >= PROBE_MIN_REPLICAS and step < hi
+            and u * ready > planned_fraction * scale * (ready - 1 - obs.slack)):
+        return step, evidence + ", probing up"
+    return scale, evidence
+
+
+def learn(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning, planned_fraction: float) -> tuple[float, str, dict[str, Any]]:
+    """(scale, evidence, new state) after one observation. ``planned_fraction``: the share of its
+    capacity the policy plans a replica to run at (probing only while the fleet runs near it)."""
+    scale, dt, q_prev, hi, hi_t = _restore(state, obs, cfg)
+    qs = None if obs.pressure is None else _smooth(q_prev, min(obs.pressure, PRESSURE_CAP), dt, cfg.tau_s)
+    new: dict[str, Any] = {"scale": scale, "t": obs.now_s, "q": qs, "hi": None if math.isinf(hi) else hi,
+                           "hi_t": None if math.isinf(hi) else hi_t}
+    if not cfg.learn:
+        return scale, "learning off", new
+    if obs.load_units is None or obs.ready <= 0:
+        return scale, "no evidence (no ready replica or no traffic)", new
+    u = obs.load_units / obs.ready
+    what = _pressure(qs, q_prev, _held_off(state, obs, cfg, new), cfg)
+    evidence = "no evidence (between calm and pressure)"
+    if what == "pressure" and u < cfg.burst_share * planned_fraction * scale:
+        # Pressure while the replicas carry far less than planned is a burst inside the rate's
+        # window (or a slow request), not a measure of what a replica sustains.
+        evidence = f"pressure at only {u:.3g} x profile per replica: a burst, not capacity"
+    elif what == "pressure":
+        new["hi"], new["hi_t"] = u, obs.now_s
+        evidence = f"pressure at {u:.3g} x profile per replica"
+        scale = min(scale, u)  # down fast: at capacity at load u, a replica sustains at most u
+    elif what == "calm":
+        scale, evidence = _calm(scale, u, hi, dt, obs, cfg, planned_fraction)
+    scale = min(max(scale, cfg.min_scale), cfg.max_scale)
+    new["scale"] = scale
+    return scale, evidence, new
+
+
+def shown(cap: ReplicaCapacity, prior: ReplicaCapacity, evidence: str) -> dict[str, Any]:
+    """The values kept next to the learner's state for readers (``/v1/status``, the simulator)."""
+    return {"tokens_per_s": cap.output_tokens_per_s, "req_per_s": cap.requests_per_s,
+            "profile_tokens_per_s": prior.output_tokens_per_s, "profile_req_per_s": prior.requests_per_s,
+            "evidence": evidence}
+
+
+def capacity_of(decision: Decision) -> tuple[float, float, float] | None:
+    """(learned output tok/s per replica, the profile's for the same mix, scale) from a decision's
+    history; ``None`` when it carries no capacity."""
+    st = decision.history.rule_state.get(STATE_KEY)
+    if not st or "tokens_per_s" not in st:
+        return None
+    return (_num(st, "tokens_per_s", 0.0), _num(st, "profile_tokens_per_s", 0.0),
+            _num(st, "scale", 1.0))
+
+
+def status_line(state: Mapping[str, Any] | None) -> str | None:
+    """``capacity 41 output tok/s per replica, learned; profile 69`` from the learner's state."""
+    if not state or "tokens_per_s" not in state:
+        return None
+    scale = _num(state, "scale", 1.0)
+    how = "learned" if scale != 1.0 else "profile"
+    return (f"capacity {_num(state, 'tokens_per_s', 0.0):.3g} output tok/s per replica, {how}; "
+            f"profile {_num(state, 'profile_tokens_per_s', 0.0):.3g}")
+
+
+def status(decision: Decision | None) -> dict[str, Any] | None:
+    """The capacity in force at ``decision``, for ``/v1/status``: values and the one-line text."""
+    st = None if decision is None else decision.history.rule_state.get(STATE_KEY)
+    text = status_line(st)
+    if st is None or text is None:
+        return None
+    return {"output_tokens_per_s_per_replica": _num(st, "tokens_per_s", 0.0),
+            "requests_per_s_per_replica": _num(st, "req_per_s", 0.0),
+            "profile_output_tokens_per_s_per_replica": _num(st, "profile_tokens_per_s", 0.0),
+            "profile_requests_per_s_per_replica": _num(st, "profile_req_per_s", 0.0), "scale": _num(st, "scale", 1.0),
+            "evidence": str(st.get("evidence", "")), "text": text}

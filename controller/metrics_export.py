@@ -1,0 +1,100 @@
+"""What each decision shows outside the decision log: the daemon's per-model Prometheus series and
+the ``decision`` log line.
+
+Split out of ``controller.daemon`` (issue 11: the daemon is scheduling and readiness around a
+``Controller``). The per-model families are ``controller.metrics.ModelFamily`` values: each label
+set's child is looked up once and kept, and a scrape formats only the models whose values changed
+since the last one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Callable, Mapping, Sequence
+
+from controller.core.model import Action, Decision, ModelSignals, ModelSpec, PoolSpec
+from controller.core.policy import EffectivePolicy
+from controller.core.pricing import pool_cost_per_hour_usd
+from controller.core.signals import NOT_MEASURED_REASONS
+from controller.logs import log
+from controller.metrics import DaemonMetrics
+
+logger = logging.getLogger("tidegate.daemon")
+
+
+class MetricsExport:
+    """Turns decisions and provider calls into the daemon's metrics and decision log lines.
+
+    ``policy`` looks up the policy in force for a model (budget and SLO gauges)."""
+
+    def __init__(self, metrics: DaemonMetrics, models: Mapping[str, ModelSpec], pools: Mapping[str, PoolSpec],
+                 policy: Callable[[str], EffectivePolicy | None]) -> None:
+        self.metrics = metrics
+        self.models = models
+        self.pools = pools
+        self.policy = policy
+
+    def actions(self, actions: Sequence[Action]) -> None:
+        for a in actions:
+            self.metrics.actions.labels(pool=a.pool, call=a.call, status=a.status.value).inc()
+
+    def decided(self, d: Decision, sig: ModelSignals, outcome: str) -> None:
+        m = self.metrics
+        m.decisions.labels(d.model, d.reason).inc()
+        m.desired_total.labels(d.model).set(d.replicas)
+        model = self.models[d.model]
+        for pool_name in model.pools:
+            self._pool(d, sig, model, pool_name)
+        if d.interrupted_replaced:
+            for pool_name in model.pools:
+                st = sig.pools.get(pool_name)
+                if st is not None and st.interrupted_replicas:
+                    m.interruptions.labels(pool=pool_name).inc(st.interrupted_replicas)
+        self._signals(d.model, sig)
+        pol = self.policy(d.model)
+        if pol is not None:
+            if pol.spec.budget.max_cost_per_hour_usd is not None:
+                m.budget_cap.labels(d.model).set(pol.spec.budget.max_cost_per_hour_usd)
+            if pol.spec.slo.p99_latency_ms is not None:
+                m.slo_p99.labels(d.model).set(pol.spec.slo.p99_latency_ms)
+        log_decision(d, outcome)
+
+    def _pool(self, d: Decision, sig: ModelSignals, model: ModelSpec, pool_name: str) -> None:
+        m = self.metrics
+        st = sig.pools.get(pool_name)
+        desired = d.placement.get(pool_name, 0)
+        m.replicas.labels(d.model, pool_name, "desired").set(desired)
+        if st is not None and st.replicas is not None:
+            m.replicas.labels(d.model, pool_name, "current").set(st.replicas)
+        if st is not None and st.ready_replicas is not None:
+            m.replicas.labels(d.model, pool_name, "ready").set(st.ready_replicas)
+        m.cost_per_hour.labels(d.model, pool_name).set(
+            pool_cost_per_hour_usd(model, self.pools[pool_name], st, desired))
+        m.pool_available.labels(d.model, pool_name).set(1 if (st is None or st.available) else 0)
+
+    def _signals(self, model: str, sig: ModelSignals) -> None:
+        m = self.metrics
+        cpt = sig.cost_per_million_tokens_usd.value
+        if cpt is not None:
+            m.cost_per_mtok.labels(model).set(cpt)
+        if sig.p99_latency_ms.value is not None:
+            m.p99_latency.labels(model).set(sig.p99_latency_ms.value)
+        if sig.queue_depth.value is not None:
+            m.queue_depth.labels(model).set(sig.queue_depth.value)
+        for s, sample in sig.samples.items():
+            if sample.value is None and (sample.reason or "").split(":")[0] in NOT_MEASURED_REASONS:
+                with contextlib.suppress(KeyError):  # not measured by design: nothing to page about
+                    m.signal_missing.remove(model, s)
+            else:
+                m.signal_missing.labels(model, s).set(0 if sample.value is not None else 1)
+
+
+def log_decision(d: Decision, outcome: str) -> None:
+    """The ``decision`` log line: INFO for a change, DEBUG otherwise (skipped ones not at all)."""
+    level = logging.INFO if d.changed else logging.DEBUG
+    if (d.changed or outcome not in ("skipped",)) and logger.isEnabledFor(level):
+        log(logger, level, "decision",
+            model=d.model, replicas=d.replicas, current=d.current_replicas,
+            placement=",".join(f"{p}={n}" for p, n in sorted(d.placement.items())),
+            reason=d.reason, outcome=outcome, cost_per_hour_usd=round(d.cost_per_hour_usd, 2))

@@ -1,0 +1,335 @@
+"""The yardstick: the cheapest capacity schedule with perfect hindsight, and a relaxed lower bound.
+
+Why: "cost / oracle" is only a ratio to a limit if the reference is the cheapest schedule that
+keeps the SLO *under the same terms* every controller runs under. The ``oracle`` baseline is a
+greedy heuristic that ignores the policy's bounds and budget; this module instead solves for the
+schedule exactly, as an integer program (scipy's ``milp``, HiGHS), knowing the whole trace, the
+spot capacity over time and the fleet, under:
+
+- the policy's bounds (at least ``min_replicas`` ready, at most ``max_replicas`` desired) and its
+  budget (``max_cost_per_hour_usd`` on the nodes held, all pools, as tidegate's budget stage counts);
+- provisioning delays and cold starts: a node ordered at the start of interval ``s`` serves from
+  interval ``s + lead`` on, ``lead = ceil((provisioning + cold start + one tick) / interval)``
+  (on-prem: cold start only), and is billed from the order;
+- spot capacity: the nodes held in a spot pool never exceed what its trace holds during the
+  interval (so no launch fails and nothing held is reclaimed);
+- the same initial state as every controller: ``min_replicas`` ready on-prem at t = 0.
+
+What "serves the interval within the SLO" means is the demand model of ``baselines.burst_demand``
+(the next minute's rate and every 1-60 s burst absorbed within the TTFT target, in requests/s at
+the SLO); each pool's node serves ``replicas_per_node x rate_at_slo(gpu)`` of it. Demand the fleet
+cannot serve under the bounds, budget and leads is left unserved at a penalty (``unserved_rps``), so
+the program is always feasible. Nodes are the integer unit: a node that is paid for holds all the
+replicas it fits (they cost nothing more), subject to ``max_replicas``.
+
+Long traces are solved in chunks (``chunk_intervals``, with a look-ahead overlap) carrying the held
+nodes and the orders still in flight across each boundary; each chunk is solved to the MIP gap
+``mip_rel_gap``. The plan is then replayed by :class:`HindsightController` through the same
+``Controller`` path as every baseline, so its attainment and cost are measured, not assumed.
+
+The **relaxed bound** (:func:`relaxed_bound_usd`) drops every delay and the node granularity: per
+interval, the arrivals' mean rate (no burst allowance, at most what the plan serves) covered at the
+cheapest prices available then (fractional replicas, spot within its trace), and at least
+``min_replicas`` replicas at the cheapest replica prices. It is below the plan's cost by
+construction; no run should reach the plan's attainment for less (``bench/decision_quality.py``
+checks every run and fails loudly if one does: the bound would be wrong).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
+
+import numpy as np
+
+from controller.core.model import ModelSpec
+from controller.core.pricing import S_PER_HOUR, pool_price
+from controller.sim.baselines import OracleController, burst_demand
+from controller.sim.engine import Baseline, Observation, SimSetup
+from controller.sim.workload import rate_profile
+
+
+@dataclass(frozen=True)
+class PlanPool:
+    """One pool as the program sees it."""
+
+    name: str
+    per_node: int
+    rps_per_node: float
+    """Requests/s at the SLO one full node serves."""
+    usd_per_interval: float
+    """Price of one node held for one interval."""
+    lead: int
+    """Intervals from an order to serving."""
+    cap_nodes: np.ndarray
+    """Nodes the pool can hold in each interval (its size, and its spot trace)."""
+    init_nodes: int
+    init_ready_replicas: int
+
+
+@dataclass
+class Plan:
+    """A solved schedule: nodes held per pool and interval (desired replicas = nodes x per node)."""
+
+    interval_s: float
+    pools: list[PlanPool]
+    nodes: dict[str, np.ndarray]
+    ready_nodes: dict[str, np.ndarray]
+    demand_rps: np.ndarray
+    unserved_rps: np.ndarray
+    cost_usd: float
+    """The program's cost (nodes held x price), over the span."""
+    status: list[str] = field(default_factory=list)
+    """HiGHS's message per chunk."""
+
+    def replicas_at(self, t_s: float) -> dict[str, int]:
+        i = min(int(t_s // self.interval_s), len(self.demand_rps) - 1)
+        return {p.name: int(self.nodes[p.name][i]) * p.per_node for p in self.pools}
+
+
+def default_interval_s(span_s: float) -> float:
+    """15 s up to two hours (tidegate ticks every 5 s; sub-minute bursts matter on request traces),
+    60 s beyond: the rate series have one-minute bins."""
+    return 15.0 if span_s <= 7200.0 else 60.0
+
+
+def plan_pools(setup: SimSetup, interval_s: float, n: int, min_replicas: int, tick_s: float) -> list[PlanPool]:
+    model: ModelSpec = setup.model
+    t = np.arange(n) * interval_s
+    out: list[PlanPool] = []
+    left = min_replicas
+    for spec in setup.model_pools():
+        per_node = spec.replicas_per_node(model)
+        if per_node <= 0:
+            continue
+        cap = np.full(n, spec.max_nodes, dtype=np.int64)
+        sm = setup.spot.get(spec.name)
+        if sm is not None and (sm.trace is not None or sm.unavailable_windows):
+            # the least capacity anywhere in the interval (sampled every 5 s, one step either side)
+            step = 5.0
+            k = max(1, int(round(interval_s / step)))
+            fine_t = np.maximum(np.arange(-1, n * k + 1) * (interval_s / k), 0.0)
+            c = OracleController._cap_fast(sm, fine_t, spec.max_nodes)
+            lo = np.minimum(c[:-2], np.minimum(c[1:-1], c[2:]))[: n * k].reshape(n, k).min(axis=1)
+            cap = np.minimum(cap, lo)
+        delay = 0.0 if spec.tier.is_onprem else spec.provisioning_delay_s
+        lead = int(math.ceil((delay + model.cold_start_s + tick_s) / interval_s - 1e-9))
+        init_rep = 0
+        if spec.tier.is_onprem and left > 0:
+            init_rep = min(left, spec.max_nodes * per_node)
+            left -= init_rep
+        out.append(PlanPool(spec.name, per_node, per_node * setup.rate_at_slo(spec.gpu_type),
+                            pool_price(spec, None) * interval_s / S_PER_HOUR, max(1, lead), cap,
+                            -(-init_rep // per_node), init_rep))
+    return out
+
+
+def _solve_chunk(pools: list[PlanPool], demand: np.ndarray, t0: int, horizon: int, held: Mapping[str, int],
+                 inflight: Mapping[str, np.ndarray], min_replicas: int, max_replicas: int,
+                 budget_per_interval: float | None, penalty: float, gap: float,
+                 time_limit_s: float) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray, str]:
+    """One chunk ``[t0, t0 + horizon)``. Per pool and interval: ``o`` (nodes ordered) and ``b``
+    (nodes held), integers; per interval ``u`` (unserved requests/s). The nodes serving in an
+    interval are those held less those ordered in its last ``lead - 1`` intervals (and, before the
+    first lead, on-prem holds only its initial ready replicas). ``inflight[p][j]``: nodes ordered
+    ``j + 1`` intervals before ``t0`` and still held."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    H, P = horizon, len(pools)
+    nv = 2 * P * H + H
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    lo: list[float] = []
+    hi: list[float] = []
+
+    def add(coefs: list[tuple[int, float]], lb: float, ub: float) -> None:
+        r = len(lo)
+        for c, v in coefs:
+            rows.append(r)
+            cols.append(c)
+            vals.append(v)
+        lo.append(lb)
+        hi.append(ub)
+
+    c = np.zeros(nv)
+    ub = np.full(nv, np.inf)
+    integrality = np.ones(nv)
+    integrality[2 * P * H:] = 0
+    serving: list[list[list[tuple[int, float]]]] = [[[] for _ in range(H)] for _ in pools]
+    """Per pool and interval: the serving nodes as a linear expression (plus ``serving_const``)."""
+    serving_const = np.zeros((P, H))
+    for p, pool in enumerate(pools):
+        o0, b0 = 2 * p * H, (2 * p + 1) * H
+        pre = inflight.get(pool.name, np.zeros(0))
+        c[b0: b0 + H] = pool.usd_per_interval
+        ub[b0: b0 + H] = pool.cap_nodes[t0: t0 + H]
+        for t in range(H):
+            # held: b_t <= b_{t-1} + o_t (what is released is gone)
+            if t == 0:
+                add([(b0, 1.0), (o0, -1.0)], -np.inf, float(held.get(pool.name, 0)))
+            else:
+                add([(b0 + t, 1.0), (b0 + t - 1, -1.0), (o0 + t, -1.0)], -np.inf, 0.0)
+            expr = [(b0 + t, 1.0)] + [(o0 + s, -1.0) for s in range(max(0, t - pool.lead + 1), t + 1)]
+            serving[p][t] = expr
+            serving_const[p, t] = -sum(float(pre[j]) for j in range(len(pre)) if t + 1 + j < pool.lead)
+            if t0 + t < pool.lead and pool.init_ready_replicas < pool.per_node * pool.init_nodes:
+                serving_const[p, t] -= pool.init_nodes - pool.init_ready_replicas / pool.per_node
+    for t in range(H):
+        g = t0 + t
+        u = 2 * P * H + t
+        c[u] = penalty
+        const = float(sum(pool.rps_per_node * serving_const[p, t] for p, pool in enumerate(pools)))
+        add([(i, v * pool.rps_per_node) for p, pool in enumerate(pools) for i, v in serving[p][t]] + [(u, 1.0)],
+            float(demand[g]) - const, np.inf)
+        if min_replicas > 0:
+            const = float(sum(pool.per_node * serving_const[p, t] for p, pool in enumerate(pools)))
+            add([(i, v * pool.per_node) for p, pool in enumerate(pools) for i, v in serving[p][t]],
+                float(min_replicas) - const, np.inf)
+        b_t = [((2 * p + 1) * H + t, pool) for p, pool in enumerate(pools)]
+        if max_replicas > 0:
+            # nodes held are filled (their replicas cost nothing more)
+            add([(i, float(pool.per_node)) for i, pool in b_t], -np.inf, float(max_replicas))
+        if budget_per_interval is not None:
+            add([(i, pool.usd_per_interval) for i, pool in b_t], -np.inf, budget_per_interval)
+    a = coo_matrix((vals, (rows, cols)), shape=(len(lo), nv)).tocsr()
+    res = milp(c, constraints=LinearConstraint(a, np.array(lo), np.array(hi)), integrality=integrality,
+               bounds=Bounds(np.zeros(nv), ub), options={"mip_rel_gap": gap, "time_limit": time_limit_s, "disp": False})
+    if res.x is None:
+        raise RuntimeError(f"hindsight plan: the solver found no schedule ({res.message})")
+    xs = np.round(res.x[: 2 * P * H]).astype(np.int64)
+    nodes = {pool.name: xs[(2 * p + 1) * H: (2 * p + 2) * H] for p, pool in enumerate(pools)}
+    orders = {pool.name: xs[2 * p * H: (2 * p + 1) * H] for p, pool in enumerate(pools)}
+    unserved = np.maximum(res.x[2 * P * H:], 0.0)
+    return nodes, orders, unserved, str(res.message)
+
+
+def solve_plan(setup: SimSetup, *, min_replicas: int, max_replicas: int, max_cost_per_hour_usd: float | None,
+               interval_s: float | None = None, tick_s: float = 5.0, chunk_intervals: int = 720,
+               overlap_intervals: int = 120, mip_rel_gap: float = 1e-4, time_limit_s: float = 120.0,
+               demand_rps: np.ndarray | None = None) -> Plan:
+    """The cheapest schedule (see the module doc). ``demand_rps``: requests/s at the SLO on the
+    reference GPU per interval (default: :func:`baselines.burst_demand`)."""
+    g = interval_s or default_interval_s(setup.span_s)
+    demand = burst_demand(setup, g) if demand_rps is None else np.asarray(demand_rps, dtype=np.float64)
+    n = len(demand)
+    pools = plan_pools(setup, g, n, min_replicas, tick_s)
+    if not pools:
+        raise ValueError("hindsight plan: no pool can host the model")
+    budget = None if max_cost_per_hour_usd is None else max_cost_per_hour_usd * g / S_PER_HOUR
+    nodes, orders, unserved, status = schedule(pools, demand, min_replicas=min_replicas, max_replicas=max_replicas,
+                                               budget_per_interval=budget, chunk_intervals=chunk_intervals,
+                                               overlap_intervals=overlap_intervals, mip_rel_gap=mip_rel_gap,
+                                               time_limit_s=time_limit_s)
+    ready = {p.name: ready_nodes(nodes[p.name], orders[p.name], p) for p in pools}
+    # billed over the simulated span only (the last intervals lie past the end)
+    span_n = setup.span_s / g
+    weights = np.clip(span_n - np.arange(n), 0.0, 1.0)
+    cost = float(sum((nodes[p.name] * weights).sum() * p.usd_per_interval for p in pools))
+    return Plan(g, pools, nodes, ready, demand, unserved, cost, status)
+
+
+def unserved_penalty(pools: list[PlanPool]) -> float:
+    """Cost of one request/s left unserved for one interval: far above serving it on any pool."""
+    return 1000.0 * max(p.usd_per_interval / p.rps_per_node for p in pools if p.rps_per_node > 0)
+
+
+def schedule(pools: list[PlanPool], demand: np.ndarray, *, min_replicas: int, max_replicas: int,
+             budget_per_interval: float | None, chunk_intervals: int = 720, overlap_intervals: int = 120,
+             mip_rel_gap: float = 1e-4, time_limit_s: float = 120.0,
+             ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray, list[str]]:
+    """Nodes held and ordered per pool and interval, and the demand left unserved, minimizing the
+    nodes' cost plus :func:`unserved_penalty` per unserved request/s and interval; solved in
+    chunks of ``chunk_intervals`` (each with ``overlap_intervals`` of look-ahead)."""
+    n = len(demand)
+    penalty = unserved_penalty(pools)
+    nodes = {p.name: np.zeros(n, dtype=np.int64) for p in pools}
+    orders = {p.name: np.zeros(n, dtype=np.int64) for p in pools}
+    unserved = np.zeros(n)
+    held = {p.name: p.init_nodes for p in pools}
+    status: list[str] = []
+    t0 = 0
+    while t0 < n:
+        commit = min(chunk_intervals, n - t0)
+        horizon = min(n - t0, commit + overlap_intervals)
+        inflight = {p.name: np.array([orders[p.name][t0 - 1 - j] if t0 - 1 - j >= 0 else 0
+                                      for j in range(p.lead - 1)]) for p in pools}
+        nd, od, un, msg = _solve_chunk(pools, demand, t0, horizon, held, inflight, min_replicas, max_replicas,
+                                       budget_per_interval, penalty, mip_rel_gap, time_limit_s)
+        for p in pools:
+            nodes[p.name][t0: t0 + commit] = nd[p.name][:commit]
+            orders[p.name][t0: t0 + commit] = od[p.name][:commit]
+            held[p.name] = int(nd[p.name][commit - 1])
+        unserved[t0: t0 + commit] = un[:commit]
+        status.append(msg)
+        t0 += commit
+    return nodes, orders, unserved, status
+
+
+def ready_nodes(held: np.ndarray, orders: np.ndarray, pool: PlanPool) -> np.ndarray:
+    """Nodes serving per interval: held minus those ordered in the last ``lead - 1`` intervals
+    (the initial nodes are ready from the start)."""
+    c = np.concatenate([[0], np.cumsum(orders)])
+    n = len(held)
+    idx = np.arange(n)
+    recent = c[idx + 1] - c[np.maximum(idx + 1 - (pool.lead), 0)]
+    return np.maximum(held - recent, 0)
+
+
+def relaxed_bound_usd(setup: SimSetup, plan: Plan, *, min_replicas: int) -> float:
+    """The relaxed lower bound (module doc): per interval, the mean arrival rate (capped at the
+    plan's demand and at what the plan serves) at the cheapest fractional prices available then,
+    and at least ``min_replicas`` replicas at the cheapest replica prices; no delays."""
+    g = plan.interval_s
+    n = len(plan.demand_rps)
+    span_n = setup.span_s / g
+    weights = np.clip(span_n - np.arange(n), 0.0, 1.0)
+    mean = rate_profile(setup.workload, g, n * g)[:n]
+    if len(mean) < n:
+        mean = np.concatenate([mean, np.zeros(n - len(mean))])
+    served = np.maximum(plan.demand_rps - plan.unserved_rps, 0.0)
+    need = np.minimum(np.minimum(mean, plan.demand_rps), served)
+    by_rps = sorted(plan.pools, key=lambda p: p.usd_per_interval / p.rps_per_node)
+    left = need.copy()
+    cost = np.zeros(n)
+    for p in by_rps:
+        cap_rps = p.cap_nodes.astype(np.float64) * p.rps_per_node
+        take = np.minimum(left, cap_rps)
+        cost += take / p.rps_per_node * p.usd_per_interval
+        left -= take
+    by_rep = sorted(plan.pools, key=lambda p: p.usd_per_interval / p.per_node)
+    rep_left = np.full(n, float(min_replicas))
+    floor = np.zeros(n)
+    for p in by_rep:
+        take = np.minimum(rep_left, p.cap_nodes.astype(np.float64) * p.per_node)
+        floor += take / p.per_node * p.usd_per_interval
+        rep_left -= take
+    return float((np.maximum(cost, floor) * weights).sum())
+
+
+class HindsightController(Baseline):
+    """``hindsight``: replays a :class:`Plan` (solved at ``initial``) through the same ``Controller``
+    path as every baseline; it orders and releases its nodes itself (``node_mode="direct"``)."""
+
+    node_mode: Literal["direct", "autoscaler"] = "direct"
+
+    def __init__(self, *, min_replicas: int, max_replicas: int, max_cost_per_hour_usd: float | None,
+                 interval_s: float = 5.0, plan: Plan | None = None, name: str = "hindsight") -> None:
+        self.name = name
+        self.interval_s = interval_s
+        self.min_replicas = min_replicas
+        self.max_replicas = max_replicas
+        self.budget = max_cost_per_hour_usd
+        self.plan = plan
+
+    def initial(self, setup: SimSetup, need: int) -> dict[str, int]:
+        if self.plan is None:
+            self.plan = solve_plan(setup, min_replicas=self.min_replicas, max_replicas=self.max_replicas,
+                                   max_cost_per_hour_usd=self.budget, tick_s=self.interval_s)
+        return self.plan.replicas_at(0.0)
+
+    def decide(self, now_s: float, obs: Observation) -> Mapping[str, int] | None:
+        assert self.plan is not None
+        return self.plan.replicas_at(now_s)

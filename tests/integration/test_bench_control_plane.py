@@ -1,0 +1,29 @@
+"""``bench/control_plane.py`` runs end to end and prints the documented JSON (a smoke test with
+tiny fleets; the figures themselves are the benchmark's business, never asserted here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FIELDS = {"models", "database", "tick_s", "observe_s", "decide_s", "act_s", "record_s", "bytes_per_decision",
+          "rss_mb", "rss_growth_mb", "ready_s"}
+
+
+def test_control_plane_bench_prints_one_json_object_with_every_field() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "control_plane.py"), "--models", "3", "--ticks", "2",
+                           "--shards", "--shard-models", "30", "--shard-ticks", "1", "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    single, sharded = out["runs"]
+    for run in (single, sharded):
+        assert FIELDS <= set(run), set(run)
+        assert run["database"] == "sqlite" and run["bytes_per_decision"] is not None and run["rss_mb"] > 0
+        assert all(run[k] >= 0 for k in ("tick_s", "observe_s", "decide_s", "act_s", "record_s", "ready_s"))
+    assert (single["models"], single["replicas"]) == (3, 1)
+    assert (sharded["models"], sharded["replicas"]) == (30, 10)
+    assert out["targets"] == {"tick_s": 0.5, "rss_mb": 200.0, "bytes_per_decision": 1024.0, "ready_s": 5.0}

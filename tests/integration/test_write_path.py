@@ -1,0 +1,399 @@
+"""The write path against real parts: intent before effect across a kill -9 of a real daemon
+process (kmock answering its scale call slowly), the local journal across a stop of a real
+PostgreSQL, and a decision log that refuses writes because its size limit is reached.
+
+What the user depends on, each checked on the peer's own record of what was done to it (kmock
+keeps every version of the Deployment) against the decision log:
+
+- no actuation without its decision row, whatever moment the daemon dies at; after a restart the
+  policy's scale-down rate limit still holds (the step the dead daemon made counts);
+- with the database away, the intents of the gap are kept (journal) and none is lost or written
+  twice when it returns; the load's scale-up happens, nothing is released;
+- with nowhere to record (database full, journal full), nothing is acted on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from controller.config import DaemonConfig
+from controller.daemon import TickReport
+from controller.core.model import History, ScaleEvent
+from controller.db.journal import Journal
+from controller.db.migrate import upgrade
+from controller.db.repo import Repository, make_engine
+from controller.runtime import Runtime, build_runtime
+from providers.clock import ManualClock
+from tests.integration.daemon_process import FileLoad
+from tests.integration.peers import KubeControllers, KubePeer
+from tests.integration.test_db_repo import decision_for, signals_for
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+POLICY = textwrap.dedent("""\
+    apiVersion: tidegate/v1
+    kind: ScalingPolicy
+    metadata: {name: llama-queue}
+    spec:
+      model: llama
+      bounds: {min_replicas: 1, max_replicas: 32}
+      rules:
+        - kind: queue-depth
+          params: {target_per_replica: 1}
+      behavior:
+        tolerance: 0
+        scale_up: {stabilization_s: 0, policies: []}
+        scale_down:
+          stabilization_s: 0
+          policies: [{type: percent, value: 50, period_s: 60}]
+    """)
+
+
+class Fleet:
+    """One Deployment on one on-prem pool of the shared kmock, and a daemon config for it."""
+
+    def __init__(self, kube: KubePeer, tmp: Path, db_url: str, replicas: int, **database: Any) -> None:
+        self.kube = kube
+        tag = uuid.uuid4().hex[:6]
+        self.ns = f"w-{tag}"
+        self.api = kube.api_client()
+        self.ctl = KubeControllers(self.api)
+        labels = {"tidegate.io/pool": f"onprem-{tag}"}
+        self.ctl.add_deployment(self.ns, "llama-onprem", {"app": "llama"}, replicas, gpus=1, node_selector=labels)
+        self.ctl.add_node(f"{self.ns}-n0", labels, 16)
+        self.ctl.add_node(f"{self.ns}-n1", labels, 16)
+        policies = tmp / f"policies-{tag}"
+        policies.mkdir()
+        (policies / "llama.yaml").write_text(POLICY)
+        self.load = tmp / f"load-{tag}"
+        self.raw: dict[str, Any] = {
+            "policies_dir": str(policies),
+            "database": {"url": db_url, **database},
+            "api": {"enabled": False},
+            "loop": {"interval_s": 0.5},
+            "providers": {"type": "real", "settings": {
+                "prometheus": {"url": "http://127.0.0.1:9"},
+                "kubernetes": {"host": kube.url, "retry": {"budget_s": 2.0, "base_delay_s": 0.005,
+                                                            "max_delay_s": 0.02, "max_attempts": 2}},
+            }},
+            "pools": [{"name": "onprem", "kind": "onprem", "gpu_type": "A100-80GB", "gpus_per_node": 16,
+                       "max_nodes": 2, "price_per_node_hour_usd": 9.0,
+                       "kubernetes": {"node_selector": labels}}],
+            "models": [{"name": "llama", "tp_degree": 1, "quantization": "fp8", "cold_start_s": 90,
+                        "gpu_types": ["A100-80GB"],
+                        "capacity": {"A100-80GB": {"output_tokens_per_s": 1500, "requests_per_s": 3}},
+                        "deployments": {"onprem": {"namespace": self.ns, "name": "llama-onprem"}}}],
+        }
+        self.config = tmp / f"config-{tag}.yaml"
+        self.config.write_text(yaml.safe_dump(self.raw))
+
+    def set_load(self, queue: float) -> None:
+        tmp = self.load.with_suffix(".tmp")
+        tmp.write_text(str(queue))
+        tmp.replace(self.load)
+
+    def replica_history(self) -> list[int]:
+        """Every ``spec.replicas`` the Deployment has had, in order, repeats collapsed (kmock keeps
+        each version of the object)."""
+        emu = self.kube.emu
+        with emu.lock:
+            obj = next(o for k, o in emu._objects.items() if k[1] == self.ns and k[2] == "llama-onprem"
+                       and k[0].plural == "deployments")
+            versions = [(v.get("spec") or {}).get("replicas") for v in obj.history]
+        out: list[int] = []
+        for r in versions:
+            if r is not None and (not out or out[-1] != r):
+                out.append(int(r))
+        return out
+
+    def start_daemon(self, log: Path) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        with open(log, "ab") as out:
+            return subprocess.Popen([sys.executable, "-m", "tests.integration.daemon_process", str(self.config),
+                                     str(self.load)], cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_for(what: str, check: Any, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None,
+             log: Path | None = None) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"daemon exited ({proc.returncode}) while waiting for {what}:\n"
+                        f"{log.read_text()[-3000:] if log else ''}")
+        time.sleep(0.05)
+    pytest.fail(f"timed out after {timeout_s} s waiting for {what}:\n{log.read_text()[-3000:] if log else ''}")
+
+
+def decisions(repo: Repository) -> list[dict[str, Any]]:
+    return list(reversed(repo.list_decisions(model="llama", limit=10_000)))
+
+
+def test_kill_9_during_a_slow_scale_call_leaves_no_actuation_unrecorded(kube: KubePeer, tmp_path: Path) -> None:
+    db = tmp_path / "tidegate.db"
+    fleet = Fleet(kube, tmp_path, f"sqlite:///{db}", replicas=16)
+    fleet.set_load(16)
+    upgrade(f"sqlite:///{db}")
+    log = tmp_path / "daemon.log"
+    a = fleet.start_daemon(log)
+    repo = Repository(f"sqlite:///{db}")
+    try:
+        wait_for("a first settled decision at 16 replicas", lambda: any(
+            d["outcome"] != "pending" and d["replicas"] == 16 for d in decisions(repo)), proc=a, log=log)
+        # the next scale call is carried out at once and answered a minute later: the daemon is
+        # killed while it waits for the answer
+        mark = kube.mark()
+        kube.fault("PATCH", rf"/namespaces/{fleet.ns}/deployments/llama-onprem/scale$", answer_after_s=60)
+        fleet.set_load(1)
+        wait_for("the daemon's scale call", lambda: any(
+            r.method == "PATCH" and r.subresource == "scale" and not r.by_test for r in kube.requests_since(mark)),
+            proc=a, log=log)
+        a.send_signal(signal.SIGKILL)
+        a.wait(10)
+        assert fleet.replica_history() == [16, 8], "the cluster carried out the 16 -> 8 step (50 % per 60 s)"
+        intent = decisions(repo)[-1]
+        assert (intent["replicas"], intent["outcome"]) == (8, "pending"), "the intent was written before the call"
+
+        started = time.monotonic()
+        last_id = intent["id"]
+        b = fleet.start_daemon(log)
+        try:
+            wait_for("five decisions of the restarted daemon",
+                     lambda: len([d for d in decisions(repo) if d["id"] > last_id and d["outcome"] != "pending"]) >= 5,
+                     proc=b, log=log)
+        finally:
+            b.send_signal(signal.SIGKILL)
+            b.wait(10)
+        assert time.monotonic() - started < 60, "the rate limit's period was still running"
+
+        rows = decisions(repo)
+        reconciled = repo.get_decision(intent["id"]) or {}
+        assert reconciled["outcome"] == "applied", reconciled["outcome_detail"]
+        assert "reconciled at start" in (reconciled["outcome_detail"] or "")
+        assert reconciled["scale_event"] == {"at": reconciled["at"], "from_replicas": 16, "to_replicas": 8}
+        # the rate limit held across the restart: 8 removed of 16 within 60 s is the 50 % allowed
+        assert fleet.replica_history() == [16, 8]
+        after = [d for d in rows if d["id"] > last_id]
+        assert after and all(d["replicas"] == 8 for d in after), [(d["replicas"], d["reason"]) for d in after]
+        # every value the Deployment took is a decision the log says was applied (or the start)
+        applied = {d["placement"]["onprem"] for d in rows if d["outcome"] in ("applied", "partial")}
+        assert set(fleet.replica_history()[1:]) <= applied
+        assert not [d for d in rows if d["outcome"] == "pending"], "nothing left pending"
+    finally:
+        if a.poll() is None:
+            a.kill()
+        repo.close()
+
+
+# --- the database away: the journal ------------------------------------------------------------
+
+T0 = datetime(2026, 11, 2, tzinfo=timezone.utc)
+
+
+class OwnPostgres:
+    """A PostgreSQL server of the test's own (``initdb`` into a temporary folder, a free port),
+    which the test stops and starts; run as the ``postgres`` user when the tests run as root."""
+
+    def __init__(self) -> None:
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+        if not found:
+            pytest.skip("no PostgreSQL server binaries (/usr/lib/postgresql/*/bin/initdb): apt-get install postgresql")
+        self.bin = Path(found[-1]).parent
+        self.user: list[str] = []
+        self.dir = Path(tempfile.mkdtemp(prefix="tidegate-pg-"))
+        if os.geteuid() == 0:
+            try:
+                pw = pwd.getpwnam("postgres")
+            except KeyError:
+                pytest.skip("running as root without a 'postgres' user to run the server as")
+            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+            self.user = ["runuser", "-u", "postgres", "--"]
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self._run("initdb", "-D", str(self.dir / "data"), "-U", "postgres", "-A", "trust")
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres?connect_timeout=3"
+
+    def _run(self, tool: str, *args: str) -> None:
+        subprocess.run([*self.user, str(self.bin / tool), *args], check=True, capture_output=True, timeout=120)
+
+    def start(self) -> None:
+        self._run("pg_ctl", "-D", str(self.dir / "data"), "-w", "-l", str(self.dir / "log"), "-o",
+                  f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+
+    def stop(self) -> None:
+        self._run("pg_ctl", "-D", str(self.dir / "data"), "-w", "-m", "immediate", "stop")
+
+    def close(self) -> None:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[OwnPostgres]:
+    pg = OwnPostgres()
+    try:
+        pg.start()
+        yield pg
+    finally:
+        pg.close()
+
+
+def manual_daemon(fleet: Fleet) -> tuple[Runtime, ManualClock]:
+    """The daemon as ``tidegate run`` builds it from the fleet's config, on a manual clock."""
+    clock = ManualClock(T0)
+    cfg = DaemonConfig.model_validate(yaml.safe_load(fleet.config.read_text()))
+    rt = build_runtime(cfg, clock=clock, environ={}, election_clock=clock)
+    rt.daemon.metrics_source = FileLoad(fleet.load)
+    rt.daemon.reload_policies()
+    return rt, clock
+
+
+def tick(rt: Runtime, clock: ManualClock, fleet: Fleet, queue: float) -> TickReport:
+    fleet.set_load(queue)
+    clock.advance(5)
+    return rt.daemon.tick()
+
+
+def test_postgresql_stopped_mid_run_loses_no_decision_and_releases_nothing(
+        kube: KubePeer, tmp_path: Path, own_postgres: OwnPostgres) -> None:
+    journal = tmp_path / "journal" / "intents.jsonl"
+    journal.parent.mkdir()
+    fleet = Fleet(kube, tmp_path, own_postgres.url, replicas=4, journal_path=str(journal))
+    fleet.raw["leader_election"] = {"backend": "none"}  # the advisory lock would stand the daemon down
+    fleet.config.write_text(yaml.safe_dump(fleet.raw))
+    rt, clock = manual_daemon(fleet)
+    try:
+        assert tick(rt, clock, fleet, 4).ok
+        own_postgres.stop()
+        # 30 s of the daemon's clock without a database: the load rises (scale-up acts), then
+        # falls (the scale-down is decided and journaled, but nothing is released)
+        gap = [tick(rt, clock, fleet, q) for q in (12, 12, 12, 2, 2, 2)]
+        assert all(r.journaled for r in gap), [r.errors for r in gap]
+        assert journal.exists()
+        assert fleet.replica_history() == [4, 12], "the scale-up happened, nothing was released"
+        assert gap[3].decisions["llama"].replicas < 12, "a scale-down was decided in the gap"
+        own_postgres.start()
+        back = tick(rt, clock, fleet, 2)
+        assert back.ok and not back.journaled, back.errors
+        assert not journal.exists(), "the journal is removed once replayed"
+        repo = rt.daemon.repo
+        rows = decisions(repo)
+        ats = [datetime.fromisoformat(d["at"]) for d in rows]
+        assert ats == [T0 + timedelta(seconds=5 * i) for i in range(1, 9)], "every tick once, in order"
+        gap_rows = rows[1:7]
+        assert [d["replicas"] for d in gap_rows] == [r.decisions["llama"].replicas for r in gap]
+        assert [d["outcome"] for d in gap_rows[:3]] == ["applied", "skipped", "skipped"]
+        held = repo.get_decision(gap_rows[3]["id"]) or {}
+        assert held["outcome"] in ("skipped", "partial") and "not released" in (held["outcome_detail"] or "")
+        # replaying the same journal again (a kill between the commit and the removal) adds nothing
+        assert repo.replay_journal(repo.list_journal_replays()[0]["journal_id"], [], clock.now()) == 0
+    finally:
+        rt.stop()
+
+
+def test_an_intent_left_in_the_journal_by_a_dead_daemon_is_replayed_then_reconciled(
+        kube: KubePeer, tmp_path: Path) -> None:
+    """The daemon died after journaling an intent (the database away) and scaling 4 -> 12, before
+    its outcome: the next daemon replays the journal, then finds the step applied."""
+    journal = tmp_path / "intents.jsonl"
+    fleet = Fleet(kube, tmp_path, f"sqlite:///{tmp_path / 'tidegate.db'}", replicas=12, journal_path=str(journal))
+    at = T0 - timedelta(seconds=5)
+    step = replace(decision_for("llama", at, current=4, replicas=12,
+                                history=History(scale_events=(ScaleEvent(at, 4, 12),))),
+                   placement={"onprem": 12}, previous_placement={"onprem": 4})
+    Journal(journal).append_intents([(step, signals_for("llama", at))], dry_run=False)
+    rt, clock = manual_daemon(fleet)
+    try:
+        first = tick(rt, clock, fleet, 12)
+        assert first.ok, first.errors
+        assert not journal.exists()
+        replayed = decisions(rt.daemon.repo)[0]
+        assert (replayed["at"], replayed["replicas"], replayed["outcome"]) == (at.isoformat(), 12, "applied")
+        assert "reconciled at start" in (rt.daemon.repo.get_decision(replayed["id"]) or {})["outcome_detail"]
+        assert rt.daemon.controller.histories["llama"].scale_events[0] == ScaleEvent(at, 4, 12)
+    finally:
+        rt.stop()
+
+
+# --- nowhere to record: the disk-full case -----------------------------------------------------
+
+
+def _full(engine: sa.engine.Engine, limit: dict[str, int]) -> None:
+    @sa.event.listens_for(engine, "connect")
+    def _limit(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.execute(f"PRAGMA max_page_count={limit['pages']}")
+
+
+@pytest.mark.parametrize("journal", ["none", "full"])
+def test_a_full_decision_log_acts_on_nothing_it_cannot_record(kube: KubePeer, tmp_path: Path, journal: str) -> None:
+    """The SQLite file may not grow (``max_page_count`` two pages past its size, then filled by
+    another table, then by steady decisions); the journal is absent or refuses writes
+    (``/dev/full``): the load's scale-up waits until its decision can be written."""
+    db = tmp_path / "full.db"
+    extra = {"journal_path": "/dev/full"} if journal == "full" else {}
+    fleet = Fleet(kube, tmp_path, f"sqlite:///{db}", replicas=4, **extra)
+    rt, clock = manual_daemon(fleet)
+    try:
+        assert tick(rt, clock, fleet, 4).ok
+        limit = {"pages": 2**30}
+        engine = make_engine(f"sqlite:///{db}")
+        _full(engine, limit)
+        with engine.connect() as conn:
+            limit["pages"] = int(conn.exec_driver_sql("PRAGMA page_count").scalar() or 0) + 2
+        engine.dispose()  # every new connection meets the limit
+        with engine.connect() as conn:  # fill it to the limit, as another writer on the disk would
+            conn.exec_driver_sql("CREATE TABLE filler (b BLOB)")
+            conn.commit()
+            for size in (512, 64, 8):  # down to the last few bytes of the last page
+                with contextlib.suppress(sa.exc.OperationalError):
+                    for _ in range(10_000):
+                        conn.exec_driver_sql(f"INSERT INTO filler VALUES (zeroblob({size}))")
+                        conn.commit()
+                conn.rollback()
+        rt.daemon.controller.recorder.repo = Repository(engine)
+        # rows still fit in the pages the log has; steady ticks fill them
+        for _ in range(500):
+            if tick(rt, clock, fleet, 4).errors:
+                break
+        else:
+            pytest.fail("the decision log never filled up")
+        refused = [tick(rt, clock, fleet, 12) for _ in range(3)]
+        assert all(not r.decisions and r.errors for r in refused)
+        assert any(words in refused[0].errors["llama"] for words in ("disk is full", "No space left")), refused[0].errors
+        assert fleet.replica_history() == [4], "no scale went out without its decision row"
+        limit["pages"] = 2**30
+        engine.dispose()
+        ok = tick(rt, clock, fleet, 12)
+        while ok.skipped is not None:  # the daemon backs off after ticks that failed for every model
+            ok = tick(rt, clock, fleet, 12)
+        assert ok.ok, ok.errors
+        assert fleet.replica_history() == [4, 12]
+        row = Repository(f"sqlite:///{db}").get_decision(ok.decision_ids["llama"]) or {}
+        assert (row["replicas"], row["outcome"]) == (12, "applied")
+    finally:
+        rt.stop()
