@@ -35,11 +35,12 @@ import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import yaml  # type: ignore[import-untyped]
+from tests.integration.loopback import LoopbackServer
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -404,7 +405,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-class _Server(ThreadingHTTPServer):
+class _Server(LoopbackServer):
     daemon_threads = True
     exporter: "Exporter"
 

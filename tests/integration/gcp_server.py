@@ -29,6 +29,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+from tests.integration.loopback import LoopbackServer
 
 BASE = "https://www.googleapis.com/compute/v1"
 _PATH = re.compile(
@@ -113,7 +114,7 @@ class GcpComputeServer:
         self._lock = threading.Lock()
         self._ops = itertools.count(1000)
         handler = type("Handler", (_Handler,), {"server_state": self})
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._httpd = LoopbackServer(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="gcp-compute", daemon=True)
 

@@ -36,6 +36,7 @@ import aiohttp.web
 import attrs
 import kmock
 from kubernetes import client as k8s
+from tests.integration.loopback import LoopbackServer
 
 # --- Kubernetes --------------------------------------------------------------------------------
 
@@ -608,7 +609,7 @@ class AwsPeer:
         self._log: list[AwsRequest] = []
         self._lock = threading.Lock()
         handler = type("Handler", (_AwsProxyHandler,), {"peer": self})
-        self._proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._proxy = LoopbackServer(("127.0.0.1", 0), handler)
         self._proxy.daemon_threads = True
         self._thread = threading.Thread(target=self._proxy.serve_forever, name="aws-proxy", daemon=True)
 

@@ -45,6 +45,7 @@ from controller.core.spec import ScalingPolicy
 from controller.metrics import DaemonMetrics
 from policies.base import Registry
 from tests.rbac import expected as rbac_expected, granted as rbac_granted, load_daemon_calls
+from tests.integration.loopback import LoopbackServer
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -803,7 +804,7 @@ class _Metrics(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def metrics_server() -> Iterator[tuple[str, type[_Metrics]]]:
     handler = type("Handler", (_Metrics,), {"busy_polls": 0, "served": 0})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = LoopbackServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -39,6 +39,7 @@ from tests.integration.exporters import (
 )
 from providers.prometheus import SIGNALS, Observation, PrometheusMetricsSource, PrometheusSettings, PromQueries, reason_code
 from tests.integration.conftest import LAB_GPU_POWER_W, LAB_GPU_UTIL_PCT, MetricsLab, prometheus_binary_or_skip
+from tests.integration.loopback import LoopbackServer
 
 FAST = PromQueries(rate_window="5s")
 """Rate windows of 5 scrapes: the lab scrapes every second."""
@@ -313,7 +314,7 @@ class FakePrometheus:
                 pass
 
         self.release = threading.Event()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = LoopbackServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.scheme = "http"
         if tls is not None:

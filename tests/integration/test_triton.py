@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from tests.integration.exporters import LocalPrometheus, ScrapeTarget, free_port
 from providers.prometheus import PrometheusMetricsSource, PromQueries, reason_code
 from providers.triton import CombinedMetricsSource, TritonFallback, TritonReplica
 from tests.integration.conftest import prometheus_binary_or_skip
+from tests.integration.loopback import LoopbackServer
 
 MODEL = "tiny-llm"
 SERVICE_S = 0.02
@@ -143,7 +144,7 @@ class NotReadyTriton:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = LoopbackServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         self.url = f"127.0.0.1:{self.server.server_address[1]}"
