@@ -26,6 +26,7 @@ from controller.db.migrate import (
     upgrade,
 )
 from controller.db.models import Base
+from tests import pysource
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,7 @@ def test_version_scripts_never_import_the_orm_models() -> None:
     scripts = sorted(VERSIONS_DIR.glob("*.py"))
     assert scripts, "no version scripts found"
     for path in scripts:
-        tree = ast.parse(path.read_text(), filename=str(path))
+        tree = pysource.parse(path.read_text(), str(path))
         imported = [
             alias.name if isinstance(node, ast.Import) else (node.module or "")
             for node in ast.walk(tree)

@@ -29,6 +29,7 @@ from controller.bundle import (
     tensor_parallel_degree,
 )
 from controller.config import DaemonConfig, ModelConfig
+from tests import pysource
 
 BUNDLE = Path(__file__).resolve().parents[2] / "deploy" / "model"
 
@@ -292,7 +293,7 @@ def _parameter_reads(model_py: Path) -> dict[str, tuple[bool, int]]:
     import ast
 
     reads: dict[str, tuple[bool, int]] = {}
-    for node in ast.walk(ast.parse(model_py.read_text())):
+    for node in ast.walk(pysource.parse(model_py.read_text())):
         if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "params"
                 and isinstance(node.slice, ast.Constant)):
             reads[node.slice.value] = (True, node.lineno)
@@ -321,7 +322,7 @@ def _tensor_names(model_py: Path) -> tuple[set[str], set[str]]:
     import ast
 
     read, produced = set(), set()
-    for node in ast.walk(ast.parse(model_py.read_text())):
+    for node in ast.walk(pysource.parse(model_py.read_text())):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             args = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
             if node.func.attr == "get_input_tensor_by_name":

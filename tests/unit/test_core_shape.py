@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from tests import pysource
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "controller" / "core"
@@ -49,7 +50,7 @@ def complexity(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
 def functions(source: str, filename: str) -> list[tuple[str, int, int]]:
     """``(file:line name, lines, complexity)`` for every function and method in ``source``."""
     out = []
-    for node in ast.walk(ast.parse(source, filename)):
+    for node in ast.walk(pysource.parse(source, filename)):
         if isinstance(node, _Function):
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
             assert node.end_lineno is not None

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests import pysource
 
 ROOT = Path(__file__).resolve().parents[2]
 PURE_DIRS = (ROOT / "controller" / "core", ROOT / "policies")
@@ -23,7 +24,7 @@ CLOCK_METHODS = frozenset({"now", "utcnow", "today"})
 
 def clock_reads(source: str, filename: str = "<src>") -> list[str]:
     """Calls in ``source`` that read the wall clock, as ``file:line: call`` strings."""
-    tree = ast.parse(source, filename)
+    tree = pysource.parse(source, filename)
     time_modules: set[str] = set()  # names bound to the time module
     time_functions: set[str] = set()  # names bound to functions from it
     for node in ast.walk(tree):
@@ -118,10 +119,7 @@ def provider_names_in_code(source: str, names: set[str], filename: str = "<src>"
     import re
 
     pattern = re.compile(rf"(?<![a-z])({'|'.join(sorted(names))})(?![a-z])", re.IGNORECASE)
-    try:
-        tree = ast.parse(source, filename)
-    except SystemError:  # CPython 3.11.7 here: "AST constructor recursion depth mismatch" (cf. gh-106905), a parse racing a thread; once more
-        tree = ast.parse(source, filename)
+    tree = pysource.parse(source, filename)
     docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
     found = []
     for node in ast.walk(tree):

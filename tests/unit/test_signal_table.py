@@ -18,6 +18,7 @@ from controller.core.model import ModelSignals, Sample
 from controller.core.reasons import Reason
 from controller.core.signals import Combine, Signal
 from controller.db import codec
+from tests import pysource
 from tests.unit.test_pipeline import fixed, policy, run, signals, stage
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,7 +112,7 @@ def test_no_other_module_spells_a_signal_name() -> None:
         rel = path.relative_to(ROOT).as_posix()
         if rel in SPELLERS or rel.startswith(SPELLER_DIRS):
             continue
-        for node in ast.walk(ast.parse(path.read_text(), rel)):
+        for node in ast.walk(pysource.parse(path.read_text(), rel)):
             if isinstance(node, ast.Constant) and node.value in names:
                 found.append(f"{rel}:{node.lineno}: {node.value!r}")
             elif isinstance(node, ast.Call) and _callee(node) in ("ModelSignals", "replace_samples"):
