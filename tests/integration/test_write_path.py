@@ -1,6 +1,7 @@
 """The write path against real parts: intent before effect across a kill -9 of a real daemon
-process (kmock answering its scale call slowly), the local journal across a stop of a real
-PostgreSQL, and a decision log that refuses writes because its size limit is reached.
+process (kmock answering its scale call slowly; on SQLite and on PostgreSQL), the local journal
+across a stop of a real PostgreSQL, and a decision log that refuses writes because its size limit
+is reached.
 
 What the user depends on, each checked on the peer's own record of what was done to it (kmock
 keeps every version of the Deployment) against the decision log:
@@ -152,14 +153,16 @@ def decisions(repo: Repository) -> list[dict[str, Any]]:
     return list(reversed(repo.list_decisions(model="llama", limit=10_000)))
 
 
-def test_kill_9_during_a_slow_scale_call_leaves_no_actuation_unrecorded(kube: KubePeer, tmp_path: Path) -> None:
-    db = tmp_path / "tidegate.db"
-    fleet = Fleet(kube, tmp_path, f"sqlite:///{db}", replicas=16)
+def test_kill_9_during_a_slow_scale_call_leaves_no_actuation_unrecorded(
+        kube: KubePeer, tmp_path: Path, db_url: str) -> None:
+    """On SQLite and on PostgreSQL (``db_url``; on PostgreSQL the daemons take the advisory lock,
+    which the kill releases with the dead daemon's connection)."""
+    fleet = Fleet(kube, tmp_path, db_url, replicas=16)
     fleet.set_load(16)
-    upgrade(f"sqlite:///{db}")
+    upgrade(db_url)
     log = tmp_path / "daemon.log"
     a = fleet.start_daemon(log)
-    repo = Repository(f"sqlite:///{db}")
+    repo = Repository(db_url)
     try:
         wait_for("a first settled decision at 16 replicas", lambda: any(
             d["outcome"] != "pending" and d["replicas"] == 16 for d in decisions(repo)), proc=a, log=log)
