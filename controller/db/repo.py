@@ -436,6 +436,24 @@ class Repository:
                  "previous_placement": docs[r.id].get("previous_placement", r.previous_placement),
                  "dry_run": r.dry_run} for r in rows]
 
+    def abandoned_decisions(self, models: Sequence[str], *, before: datetime) -> list[dict[str, Any]]:
+        """Each model's newest decision when it was made before ``before`` and is still
+        ``pending`` (its daemon died between intent and outcome, and nothing acted on the model
+        since), oldest first, as :meth:`pending_decisions` gives them. One query over the
+        ``(model, id)`` index, the same way the history rebuild finds each model's newest decision."""
+        if not models:
+            return []
+        newest = sa.select(sa.func.max(DecisionRow.id)).where(DecisionRow.model.in_(list(models))) \
+            .group_by(DecisionRow.model)
+        q = sa.select(DecisionRow).where(DecisionRow.id.in_(newest), DecisionRow.outcome == "pending",
+                                         DecisionRow.at < before)
+        with self._read_lock, self._sessions() as s:
+            rows = list(s.scalars(q.order_by(DecisionRow.id)))
+            docs = self._docs(s, rows)
+        return [{"id": r.id, "model": r.model, "at": r.at, "placement": r.placement,
+                 "previous_placement": docs[r.id].get("previous_placement", r.previous_placement),
+                 "dry_run": r.dry_run} for r in rows]
+
     @staticmethod
     def _summary(row: DecisionRow) -> dict[str, Any]:
         return {
