@@ -189,7 +189,8 @@ def test_every_replica_validates_every_policy_file_and_takes_over_with_the_polic
     x = sorted(acted["a"])[0]  # a model a acts on; b never did
     version = acted["a"][x].policy_version
     assert x not in acted["b"]
-    (Path(cfg.policies_dir) / f"{x}.yaml").write_text(POLICY.format(name=x).replace("max_replicas: 4", "max_replicas: 0"))
+    broken = POLICY.format(name=x).replace("max_replicas: 4", "max_replicas: 0")  # below min_replicas
+    (Path(cfg.policies_dir) / f"{x}.yaml").write_text(broken)
     for r in replicas.values():
         r.daemon.reload_policies()
     seen = {who: r.daemon.policy_store.status() for who, r in replicas.items()}
