@@ -436,9 +436,7 @@ class Repository:
         with self._read_lock, self._sessions() as s:
             rows = list(s.scalars(q.order_by(DecisionRow.id)))
             docs = self._docs(s, rows)
-        return [{"id": r.id, "model": r.model, "at": r.at, "placement": r.placement,
-                 "previous_placement": docs[r.id].get("previous_placement", r.previous_placement),
-                 "dry_run": r.dry_run} for r in rows]
+        return [self._intent(r, docs[r.id]) for r in rows]
 
     def abandoned_decisions(self, models: Sequence[str], *, before: datetime) -> list[dict[str, Any]]:
         """Each model's newest decision when it was made before ``before`` and is still
@@ -457,9 +455,13 @@ class Repository:
                     DecisionRow.id.in_(ids), DecisionRow.outcome == "pending", DecisionRow.at < before))
             rows.sort(key=lambda r: r.id)
             docs = self._docs(s, rows)
-        return [{"id": r.id, "model": r.model, "at": r.at, "placement": r.placement,
-                 "previous_placement": docs[r.id].get("previous_placement", r.previous_placement),
-                 "dry_run": r.dry_run} for r in rows]
+        return [self._intent(r, docs[r.id]) for r in rows]
+
+    @staticmethod
+    def _intent(row: DecisionRow, doc: Mapping[str, Any]) -> dict[str, Any]:
+        """A pending decision as reconciliation reads it."""
+        return {"id": row.id, "model": row.model, "at": row.at, "placement": row.placement,
+                "previous_placement": doc.get("previous_placement", row.previous_placement), "dry_run": row.dry_run}
 
     @staticmethod
     def _summary(row: DecisionRow) -> dict[str, Any]:
