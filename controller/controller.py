@@ -40,7 +40,7 @@ stabilization window and rate-limit history count every step that reached the cl
 older than the history window is settled the same way when it is its model's newest decision
 (nothing acted on the model since its daemon died; its detail gives its age); a tick whose outcomes
 could not be written has its models' history rebuilt, and their intents reconciled, at the next
-tick. So no decision stays ``pending``.
+tick. So no decision of a configured model stays ``pending``.
 """
 
 from __future__ import annotations
