@@ -36,7 +36,11 @@ On the first tick (and after ``forget_history()``), before history is rebuilt, d
 ``pending`` by a daemon that died between its intent and its outcome are reconciled against what
 the providers report now (``reconcile``): applied, partly applied or not applied. The recorder
 stores the result and corrects the recorded scale step to what was applied, so the rebuilt
-stabilization window and rate-limit history count every step that reached the cluster.
+stabilization window and rate-limit history count every step that reached the cluster. An intent
+older than the history window is settled the same way when it is its model's newest decision
+(nothing acted on the model since its daemon died; its detail gives its age); a tick whose outcomes
+could not be written has its models' history rebuilt, and their intents reconciled, at the next
+tick. So no decision of a configured model stays ``pending``.
 """
 
 from __future__ import annotations
@@ -142,7 +146,9 @@ class Recorder(Protocol):
         ...
 
     def pending(self, models: Sequence[str], since: datetime) -> Sequence[PendingIntent]:
-        """Intents of these models made at or after ``since`` still ``pending`` (oldest first)."""
+        """Intents of these models still ``pending`` (oldest first): those made at or after
+        ``since``, and each model's newest decision when it is older and still pending (its daemon
+        died, and nothing acted on the model for longer than the history window)."""
         ...
 
     def intents(self, items: Sequence[tuple[Decision, ModelSignals]], dry_run: bool) -> RecordedIntents:
@@ -263,6 +269,8 @@ class Controller:
         """Models that have had a decision past ``NotObservedYet`` (readiness waits for them)."""
         self._history_loaded = False
         self._stale_history: set[str] = set()
+        self._unwritten: set[str] = set()
+        """Models whose last outcomes could not be written (reconciled at the next tick)."""
         self._last_overrides: list[Override] = []
 
     # ------------------------------------------------------------------ history
@@ -292,24 +300,39 @@ class Controller:
         policies = self.policies()
         horizons = {name: history_horizon_s(policies.get(name)) for name in names}
         self.recorder.flush(now)  # a journal's intents first: they may be the pending ones
-        self.reconcile(signals, now - timedelta(seconds=max(horizons.values(), default=0.0)))
+        self.reconcile({n: signals[n] for n in names}, now - timedelta(seconds=max(horizons.values(), default=0.0)))
         self.histories.update(self.recorder.histories(horizons, now))
         self._history_loaded = True
         self._stale_history.clear()
+        self._unwritten.clear()
 
     def reconcile(self, signals: Mapping[str, ModelSignals], since: datetime) -> list[Outcome]:
-        """Settle the intents left ``pending`` since ``since`` (a daemon killed between its intent
-        and its outcome) against the pools' observed replicas; returns what was recorded. Older
-        ones no longer weigh on any window or rate limit: they stay ``pending``."""
+        """Settle the intents left ``pending`` (a daemon killed between its intent and its outcome)
+        against the pools' observed replicas; returns what was recorded. Those made since ``since``
+        weigh on the rebuilt windows and rate limits; an older one (its model's newest decision:
+        nothing acted on the model since) weighs on none, but is settled all the same, its detail
+        saying how old it was when judged by what runs now: no intent stays ``pending``."""
         found = []
         for p in self.recorder.pending([m for m in self.models if m in signals], since):
-            outcome = reconcile_intent(p, signals.get(p.model))
+            outcome = reconcile_intent(p, signals.get(p.model), self._occasion(p.model))
+            if p.at < since:
+                age = (signals[p.model].at - p.at).total_seconds()
+                outcome = replace(outcome, detail=f"{outcome.detail} ({age:.0f} s after the intent, older than "
+                                                  f"the history window; judged by what runs now)")
             found.append(outcome)
             log(logger, logging.WARNING, "pending decision reconciled", model=p.model, decision_id=p.decision_id,
                 outcome=outcome.outcome, detail=outcome.detail, applied_replicas=outcome.applied_replicas)
         if found:
             self.recorder.outcomes(found)
         return found
+
+    def _occasion(self, model: str) -> str:
+        """Why a model's pending intents are being reconciled now, in the words of the detail."""
+        if not self._history_loaded:
+            return "at start"
+        if model in self._unwritten:
+            return "after its outcome could not be written"
+        return "on taking the model over"
 
     # ------------------------------------------------------------------ observe
     def observe(self, now: datetime, models: Collection[str] | None = None) -> dict[str, ModelSignals]:
@@ -523,9 +546,11 @@ class Controller:
                     for name, decision in decisions.items()]
         try:
             self.recorder.outcomes(outcomes)
-        except Exception as e:  # noqa: BLE001 - the intents stay pending; the next start reconciles them
-            logger.exception("outcomes could not be recorded; the intents stay pending")
+        except Exception as e:  # noqa: BLE001 - the intents are pending: reconciled at the next tick
+            logger.exception("outcomes could not be recorded; the next tick reconciles the intents")
             report.errors.update({name: f"record: {type(e).__name__}: {e}" for name in decisions})
+            self.forget_history(decisions)
+            self._unwritten.update(decisions)
         for (name, decision), outcome in zip(decisions.items(), outcomes):
             self._remember(decision, signals[name], ids[name], outcome, report)
         return report
@@ -581,12 +606,13 @@ class Controller:
         self.listener.decided(decision, sig, outcome.outcome)
 
 
-def reconcile_intent(intent: PendingIntent, observed: ModelSignals | None) -> Outcome:
+def reconcile_intent(intent: PendingIntent, observed: ModelSignals | None, when: str = "at start") -> Outcome:
     """What became of a pending intent, judged by the pools' replicas now: every changed pool at
     its target (``applied``), none moved (``failed``, not applied), or anything between or unknown
-    (``partial``, counted as applied where unknown: the conservative reading for rate limits)."""
+    (``partial``, counted as applied where unknown: the conservative reading for rate limits).
+    ``when``: the occasion, in the detail (``reconciled at start: applied``)."""
     if intent.dry_run:
-        return Outcome(intent.decision_id, [], "dry-run", "reconciled at start")
+        return Outcome(intent.decision_id, [], "dry-run", f"reconciled {when}")
     pools = observed.pools if observed is not None else {}
     changed = [p for p, n in intent.placement.items() if n != intent.previous_placement.get(p, 0)]
     applied, untouched, unknown, total = [], [], [], 0
@@ -602,9 +628,9 @@ def reconcile_intent(intent: PendingIntent, observed: ModelSignals | None) -> Ou
         elif seen == intent.previous_placement.get(p, 0):
             untouched.append(p)
     if len(applied) == len(changed):
-        return Outcome(intent.decision_id, [], "applied", "reconciled at start: applied", total)
+        return Outcome(intent.decision_id, [], "applied", f"reconciled {when}: applied", total)
     if len(untouched) == len(changed):
-        return Outcome(intent.decision_id, [], "failed", "reconciled at start: not applied", total)
-    detail = f"reconciled at start: partly applied (applied: {','.join(applied) or '-'}; unknown: " \
+        return Outcome(intent.decision_id, [], "failed", f"reconciled {when}: not applied", total)
+    detail = f"reconciled {when}: partly applied (applied: {','.join(applied) or '-'}; unknown: " \
              f"{','.join(unknown) or '-'}; not applied: {','.join(untouched) or '-'})"
     return Outcome(intent.decision_id, [], "partial", detail, total)

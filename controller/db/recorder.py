@@ -52,9 +52,10 @@ class RepositoryRecorder:
         return self.repo.active_overrides(now)
 
     def pending(self, models: Sequence[str], since: datetime) -> Sequence[PendingIntent]:
+        rows = [*self.repo.abandoned_decisions(models, before=since), *self.repo.pending_decisions(models, since=since)]
         return [PendingIntent(decision_id=r["id"], model=r["model"], at=r["at"], placement=r["placement"],
                               previous_placement=r["previous_placement"], dry_run=r["dry_run"])
-                for r in self.repo.pending_decisions(models, since=since)]
+                for r in sorted(rows, key=lambda r: int(r["id"]))]
 
     # --- writes --------------------------------------------------------------------------------
 

@@ -136,6 +136,10 @@ class _Chain:
     length: int
 
 
+_NEWEST_PER_QUERY = 500
+"""Models whose newest decision one query looks up (SQLite allows 2,000 result columns)."""
+
+
 class Repository:
     """Reads and writes the decision log. Thread-safe; one instance per process is enough.
 
@@ -432,9 +436,32 @@ class Repository:
         with self._read_lock, self._sessions() as s:
             rows = list(s.scalars(q.order_by(DecisionRow.id)))
             docs = self._docs(s, rows)
-        return [{"id": r.id, "model": r.model, "at": r.at, "placement": r.placement,
-                 "previous_placement": docs[r.id].get("previous_placement", r.previous_placement),
-                 "dry_run": r.dry_run} for r in rows]
+        return [self._intent(r, docs[r.id]) for r in rows]
+
+    def abandoned_decisions(self, models: Sequence[str], *, before: datetime) -> list[dict[str, Any]]:
+        """Each model's newest decision when it was made before ``before`` and is still
+        ``pending`` (its daemon died between intent and outcome, and nothing acted on the model
+        since), oldest first, as :meth:`pending_decisions` gives them. Each model's newest id is
+        one lookup at the end of its range of the ``(model, id)`` index (a ``max(id)`` per model,
+        up to 500 models a query), not a scan of its history."""
+        names = list(dict.fromkeys(models))
+        rows: list[DecisionRow] = []
+        with self._read_lock, self._sessions() as s:
+            for i in range(0, len(names), _NEWEST_PER_QUERY):
+                newest = [sa.select(sa.func.max(DecisionRow.id)).where(DecisionRow.model == m).scalar_subquery()
+                          for m in names[i:i + _NEWEST_PER_QUERY]]
+                ids = [n for n in s.execute(sa.select(*newest)).one() if n is not None]
+                rows += s.scalars(sa.select(DecisionRow).where(
+                    DecisionRow.id.in_(ids), DecisionRow.outcome == "pending", DecisionRow.at < before))
+            rows.sort(key=lambda r: r.id)
+            docs = self._docs(s, rows)
+        return [self._intent(r, docs[r.id]) for r in rows]
+
+    @staticmethod
+    def _intent(row: DecisionRow, doc: Mapping[str, Any]) -> dict[str, Any]:
+        """A pending decision as reconciliation reads it."""
+        return {"id": row.id, "model": row.model, "at": row.at, "placement": row.placement,
+                "previous_placement": doc.get("previous_placement", row.previous_placement), "dry_run": row.dry_run}
 
     @staticmethod
     def _summary(row: DecisionRow) -> dict[str, Any]:

@@ -12,6 +12,10 @@ Shown:
   named as its Role allows; two daemons on one SQLite file and one cluster: exactly one acts
   (scales), the other stands by; kill the leader (SIGKILL: nothing is released) and the other acts
   within the lease time;
+- three pods and six buckets (``replicaCount: 3``, ``leaderElection.buckets: 6``), twelve models on
+  one SQLite file: the pods split the bucket Leases two each (every Lease used is named by the
+  chart's Role) and own every model once; each Deployment set back to 0 is scaled back by exactly
+  one pod, the holder of its model's bucket;
 - the default install becomes Ready: the rendered default config answers ``/readyz`` 200 within
   10 s (ticks and readiness run on one clock);
 - a PostgreSQL outage (a TCP proxy in front of the server, stopped) turns ``/readyz`` 503 with the
@@ -32,6 +36,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,6 +51,7 @@ from controller.config import DaemonConfig
 from controller.demo import demo_config_path
 from controller.runtime import build_runtime
 from providers.clock import ManualClock
+from controller.shards import bucket_lease_name, bucket_of, members_lease_name
 from tests.integration.peers import KubeControllers, KubePeer
 from tests.integration.test_deploy import CHART, KUBE_VERSIONS, _run, helm  # noqa: F401 - helm: the fixture
 
@@ -280,6 +286,119 @@ def test_default_chart_two_pods_one_acts_and_the_other_takes_over_within_the_lea
              lambda: [r for r in follower.log_records() if r.get("msg") == "decision"], 5)
     # it waited for the lease to run out: the dead leader's Lease was never released
     assert took_s >= lease_s - interval_s - 1, took_s
+
+
+# --- three pods, models sharded over bucket Leases ---------------------------------------------
+
+SHARD_MODELS = [f"m{i:02d}" for i in range(12)]
+SHARD_POLICY = """apiVersion: tidegate/v1
+kind: ScalingPolicy
+metadata: {{name: {name}}}
+spec:
+  model: {name}
+  bounds: {{min_replicas: 1, max_replicas: 2}}
+  slo: {{p99_latency_ms: 2500, queue_depth_per_replica: 4}}
+  rules: [{{kind: slo-guard}}]
+"""
+
+
+def test_chart_with_three_pods_and_six_buckets_acts_on_each_model_from_exactly_one_pod(
+        helm: Path, kube: KubePeer, tmp_path: Path, pods: list[Pod]) -> None:
+    """``replicaCount: 3`` and ``leaderElection.buckets: 6``, 12 models: the three pods from the
+    render share the models (each owns those of the bucket Leases it holds; together all, none
+    twice); every Lease they use is one the chart's Role names; after every Deployment is set back
+    to 0 each is scaled back by exactly one pod, the holder of its model's bucket."""
+    ns = f"b-{uuid.uuid4().hex[:6]}"
+    models = [{"name": m, "tp_degree": 1, "quantization": "fp8", "gpu_types": ["H100-80GB"], "cold_start_s": 30,
+               "capacity": {"H100-80GB": {"output_tokens_per_s": 2000, "requests_per_s": 8.0}},
+               "deployments": {"onprem-h100": {"namespace": ns, "name": f"{m}-onprem"}}} for m in SHARD_MODELS]
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({
+        "replicaCount": 3, "leaderElection": {"buckets": 6},
+        "config": {"dry_run": False, "models": models,
+                   "providers": {"type": "real", "settings": {"prometheus": {"url": "http://127.0.0.1:9"}}}},
+        "rbac": {"managedNamespaces": [ns]},
+        "policies": {"llama3-70b-fp8.yaml": None, **{f"{m}.yaml": SHARD_POLICY.format(name=m) for m in SHARD_MODELS}},
+    }))
+    docs = render(helm, ns, "-f", str(values))
+    assert _one(docs, "Deployment")["spec"]["replicas"] == 3
+    role = _one(docs, "Role", "-leader-election")
+    allowed = {n for r in role["rules"] for n in r.get("resourceNames", [])}
+
+    ctl = KubeControllers(kube.api_client())
+    for m in SHARD_MODELS:
+        ctl.add_deployment(ns, f"{m}-onprem", {"app": m}, 0, gpus=1)
+    ctl.add_node(f"{ns}-node-0", {}, 8)
+    ctl.add_node(f"{ns}-node-1", {}, 8)
+    apps = k8s.AppsV1Api(kube.api_client())
+    leases = k8s.CoordinationV1Api(kube.api_client())
+
+    def replicas(m: str) -> int:
+        return int(apps.read_namespaced_deployment(f"{m}-onprem", ns).spec.replicas)
+
+    def wait_for(what: str, cond: Any, timeout_s: float) -> None:
+        start = time.monotonic()
+        while not cond():
+            assert all(p.proc.poll() is None for p in pods), [p.log()[-3000:] for p in pods]
+            assert time.monotonic() - start < timeout_s, f"{what} within {timeout_s} s:\n" + "\n".join(
+                p.log()[-3000:] for p in pods)
+            time.sleep(0.2)
+
+    shared = {"/var/lib/tidegate": tmp_path / "data"}  # the three pods on one SQLite file
+    env = _base_env(tmp_path, kube)
+    for i in range(3):
+        pods.append(Pod(docs, tmp_path, f"{RELEASE}-tidegate-{i}", shared=shared, environ=env))
+    cfg = pods[0].config.leader_election
+    assert all(p.config.leader_election == cfg for p in pods) and cfg.backend == "lease" and cfg.buckets == 6
+    assert all([m.name for m in p.config.models] == SHARD_MODELS for p in pods)
+
+    def bucket_holders() -> dict[int, str | None]:
+        out: dict[int, str | None] = {}
+        for b in range(cfg.buckets):
+            try:
+                out[b] = leases.read_namespaced_lease(bucket_lease_name(cfg.name, b, cfg.buckets), ns) \
+                    .spec.holder_identity
+            except k8s.ApiException:
+                out[b] = None
+        return out
+
+    def owned() -> dict[str, int]:
+        answers = {p.name: p.readyz() for p in pods}
+        return {n: int(r.json().get("owned_models", -1)) for n, r in answers.items() if r is not None}
+
+    def balanced() -> bool:
+        holders = Counter(bucket_holders().values())
+        counts = owned()
+        return holders == {p.name: 2 for p in pods} and len(counts) == 3 and sum(counts.values()) == len(SHARD_MODELS)
+
+    wait_for("every Deployment at the policies' minimum", lambda: all(replicas(m) == 1 for m in SHARD_MODELS),
+             STARTUP_S + 30)
+    wait_for("the three pods hold two buckets each and own every model once", balanced, 60)
+    used = {lease.metadata.name for lease in leases.list_namespaced_lease(ns).items}
+    assert used == {*(bucket_lease_name(cfg.name, b, cfg.buckets) for b in range(cfg.buckets)),
+                    members_lease_name(cfg.name)}
+    assert used <= allowed, f"Leases the Role does not name: {sorted(used - allowed)}"
+    holders = bucket_holders()
+    owner = {m: holders[bucket_of(m, cfg.buckets)] for m in SHARD_MODELS}
+    assert all(owned()[p.name] == sum(1 for o in owner.values() if o == p.name) > 0 for p in pods), (owned(), owner)
+
+    # every Deployment back to 0: each pod scales back exactly the models of its buckets, once each
+    seen = {p.name: len(p.log_records()) for p in pods}
+    mark = kube.mark()
+    for m in SHARD_MODELS:
+        apps.patch_namespaced_deployment_scale(f"{m}-onprem", ns, {"spec": {"replicas": 0}})
+    wait_for("every Deployment scaled back to 1", lambda: all(replicas(m) == 1 for m in SHARD_MODELS), 30)
+    time.sleep(2 * pods[0].config.loop.interval_s)  # a few more ticks of every pod
+    assert bucket_holders() == holders, "the buckets stayed where they were"
+    scaled = Counter(r.path.split("/deployments/")[1].split("/")[0] for r in kube.requests_since(mark)
+                     if r.is_write and not r.by_test and r.path.endswith("/scale"))
+    assert scaled == {f"{m}-onprem": 1 for m in SHARD_MODELS}, scaled
+    acted: dict[str, set[str]] = {m: set() for m in SHARD_MODELS}
+    for p in pods:
+        for r in p.log_records()[seen[p.name]:]:
+            if r.get("msg") == "decision" and r.get("model") in acted:
+                acted[r["model"]].add(p.name)
+    assert acted == {m: {owner[m]} for m in SHARD_MODELS}, acted
 
 
 # --- the default install becomes Ready ---------------------------------------------------------

@@ -438,3 +438,21 @@ def test_in_memory_sqlite_through_an_engine() -> None:
         assert Repository(engine).list_decisions()[0]["id"] == result[0]
     finally:
         engine.dispose()
+
+
+def test_abandoned_decisions_are_each_models_newest_when_old_and_pending(repo: Repository) -> None:
+    """What a start settles beyond its history window: a model's newest decision, when it is older
+    than the window and still pending; over more models than one lookup query takes (600)."""
+    old, new = T0 - timedelta(hours=2), T0
+    names = [f"m{i:03d}" for i in range(600)]
+    ids = repo.record_decisions([(decision_for(m, old), signals_for(m, old), False) for m in names])
+    abandoned = {"m000", "m250", "m499", "m500", "m599"}  # both sides of the 500-model query boundary
+    repo.record_outcomes([(i, [], "applied", None, None) for m, i in zip(names, ids) if m not in abandoned])
+    # m250 was decided again since (still pending): its old intent is not its newest, its new one
+    # is within the window; m001's newest is settled
+    _, m001 = repo.record_decisions([(decision_for("m250", new), signals_for("m250", new), False),
+                                     (decision_for("m001", new), signals_for("m001", new), False)])
+    repo.record_outcomes([(m001, [], "applied", None, None)])
+    found = repo.abandoned_decisions(names, before=T0 - timedelta(hours=1))
+    assert [r["model"] for r in found] == ["m000", "m499", "m500", "m599"]
+    assert all(r["at"].replace(tzinfo=timezone.utc) == old for r in found)

@@ -54,11 +54,11 @@ spec:
 """
 
 
-def fleet(tmp_path: Path) -> DaemonConfig:
+def fleet(tmp_path: Path, count: int = MODELS) -> DaemonConfig:
     policies = tmp_path / "policies"
     policies.mkdir()
     models = []
-    for i in range(MODELS):
+    for i in range(count):
         name = f"m{i:03d}"
         models.append({"name": name, "tp_degree": 1, "quantization": "fp8", "gpu_types": ["L4"], "cold_start_s": 30,
                        "capacity": {"L4": {"output_tokens_per_s": 500, "requests_per_s": 2.0}},
@@ -162,6 +162,48 @@ def test_three_daemons_share_300_models_and_take_over_a_killed_ones(kube: KubePe
     taken = next(m for m in sorted(orphans))
     log = list(replicas["a"].daemon.repo.all_decisions(taken))
     assert len(log) >= 4
+    for r in [*replicas.values(), killed]:
+        r.repo.close()
+
+
+def test_every_replica_validates_every_policy_file_and_takes_over_with_the_policies_in_force(
+        kube: KubePeer, tmp_path: Path) -> None:
+    """A replica parses and validates every policy file, not only its buckets' (README, "Sharding"):
+    a broken file of a model another replica acts on is reported the same by both (the admin API
+    answers alike whichever pod the Service picks), and a replica that takes a dead one's buckets
+    over acts on their models at once, with the versions in force, from the files it had read."""
+    cfg = fleet(tmp_path, 24)
+    upgrade(cfg.database.url)
+    clock = ManualClock(T0)
+    ns = f"p-{uuid.uuid4().hex[:6]}"
+    registry = Registry.from_entry_points()
+    replicas = {who: Replica(who, cfg, kube, ns, clock, registry) for who in ("a", "b")}
+
+    def round_() -> dict[str, dict[str, Any]]:
+        clock.advance(INTERVAL_S)
+        return {who: r.daemon.tick().decisions for who, r in replicas.items()}
+
+    for _ in range(5):
+        acted = round_()
+    assert {who: len(r.elector.held()) for who, r in replicas.items()} == {"a": 6, "b": 6}
+    x = sorted(acted["a"])[0]  # a model a acts on; b never did
+    version = acted["a"][x].policy_version
+    assert x not in acted["b"]
+    broken = POLICY.format(name=x).replace("max_replicas: 4", "max_replicas: 0")  # below min_replicas
+    (Path(cfg.policies_dir) / f"{x}.yaml").write_text(broken)
+    for r in replicas.values():
+        r.daemon.reload_policies()
+    seen = {who: r.daemon.policy_store.status() for who, r in replicas.items()}
+    assert seen["a"] == seen["b"], "both replicas report the same policies and errors"
+    assert seen["b"]["models"][x]["kept_previous"] and seen["b"]["models"][x]["version"] == version
+    assert [e["file"] for e in seen["b"]["models"][x]["errors"]] == [str(Path(cfg.policies_dir) / f"{x}.yaml")]
+
+    killed = replicas.pop("a")
+    last_renewal = clock.now()
+    while x not in (acted := round_())["b"]:
+        assert (clock.now() - last_renewal).total_seconds() <= LEASE_S + RETRY_S + INTERVAL_S
+    # no reload since the kill: b acts on x with the version in force (the last good one)
+    assert acted["b"][x].policy_version == version
     for r in [*replicas.values(), killed]:
         r.repo.close()
 

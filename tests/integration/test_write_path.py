@@ -1,6 +1,7 @@
 """The write path against real parts: intent before effect across a kill -9 of a real daemon
-process (kmock answering its scale call slowly), the local journal across a stop of a real
-PostgreSQL, and a decision log that refuses writes because its size limit is reached.
+process (kmock answering its scale call slowly; on SQLite and on PostgreSQL), the local journal
+across a stop of a real PostgreSQL, and a decision log that refuses writes because its size limit
+is reached.
 
 What the user depends on, each checked on the peer's own record of what was done to it (kmock
 keeps every version of the Deployment) against the decision log:
@@ -152,14 +153,16 @@ def decisions(repo: Repository) -> list[dict[str, Any]]:
     return list(reversed(repo.list_decisions(model="llama", limit=10_000)))
 
 
-def test_kill_9_during_a_slow_scale_call_leaves_no_actuation_unrecorded(kube: KubePeer, tmp_path: Path) -> None:
-    db = tmp_path / "tidegate.db"
-    fleet = Fleet(kube, tmp_path, f"sqlite:///{db}", replicas=16)
+def test_kill_9_during_a_slow_scale_call_leaves_no_actuation_unrecorded(
+        kube: KubePeer, tmp_path: Path, db_url: str) -> None:
+    """On SQLite and on PostgreSQL (``db_url``; on PostgreSQL the daemons take the advisory lock,
+    which the kill releases with the dead daemon's connection)."""
+    fleet = Fleet(kube, tmp_path, db_url, replicas=16)
     fleet.set_load(16)
-    upgrade(f"sqlite:///{db}")
+    upgrade(db_url)
     log = tmp_path / "daemon.log"
     a = fleet.start_daemon(log)
-    repo = Repository(f"sqlite:///{db}")
+    repo = Repository(db_url)
     try:
         wait_for("a first settled decision at 16 replicas", lambda: any(
             d["outcome"] != "pending" and d["replicas"] == 16 for d in decisions(repo)), proc=a, log=log)
@@ -396,4 +399,75 @@ def test_a_full_decision_log_acts_on_nothing_it_cannot_record(kube: KubePeer, tm
         row = Repository(f"sqlite:///{db}").get_decision(ok.decision_ids["llama"]) or {}
         assert (row["replicas"], row["outcome"]) == (12, "applied")
     finally:
+        rt.stop()
+
+
+# --- no intent stays pending -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("running, outcome, words", [(12, "applied", "applied"), (4, "failed", "not applied")])
+def test_an_intent_older_than_the_history_window_is_settled_at_start(
+        kube: KubePeer, tmp_path: Path, db_url: str, running: int, outcome: str, words: str) -> None:
+    """A daemon died two hours ago between its intent (4 -> 12) and its outcome, and nothing acted
+    on the model since: the intent weighs on no window (the policy looks back 60 s), but the next
+    daemon settles it all the same, by what runs now, and says how old it was."""
+    fleet = Fleet(kube, tmp_path, db_url, replicas=running)
+    upgrade(db_url)
+    repo = Repository(db_url)
+    try:
+        at = T0 - timedelta(hours=2)
+        earlier = replace(decision_for("llama", at - timedelta(seconds=5), current=4, replicas=4),
+                          placement={"onprem": 4}, previous_placement={"onprem": 4})
+        step = replace(decision_for("llama", at, current=4, replicas=12,
+                                    history=History(scale_events=(ScaleEvent(at, 4, 12),))),
+                       placement={"onprem": 12}, previous_placement={"onprem": 4})
+        settled, intent = (repo.record_decisions([(d, signals_for("llama", d.at), False)])[0] for d in (earlier, step))
+        repo.record_outcomes([(settled, [], "applied", None, None)])
+        assert [d["outcome"] for d in decisions(repo)] == ["applied", "pending"]
+    finally:
+        repo.close()
+    rt, clock = manual_daemon(fleet)
+    try:
+        first = tick(rt, clock, fleet, running)
+        assert first.ok, first.errors
+        row = rt.daemon.repo.get_decision(intent) or {}
+        assert row["outcome"] == outcome
+        assert row["outcome_detail"] == (f"reconciled at start: {words} (7205 s after the intent, older than the "
+                                         "history window; judged by what runs now)")
+        assert not rt.daemon.repo.pending_decisions(), "nothing left pending"
+        # two hours old: the step weighs on no rate limit of the restarted daemon
+        assert rt.daemon.controller.histories["llama"].scale_events == ()
+    finally:
+        rt.stop()
+
+
+def test_an_outcome_the_database_refused_is_reconciled_at_the_next_tick(kube: KubePeer, tmp_path: Path) -> None:
+    """The database takes a tick's intent (4 -> 12) but refuses to write its outcome (a trigger
+    refuses the update): the scale went out; the next tick finds the intent pending and settles it
+    by what runs, instead of leaving it pending until a restart."""
+    db = tmp_path / "tidegate.db"
+    fleet = Fleet(kube, tmp_path, f"sqlite:///{db}", replicas=4)
+    rt, clock = manual_daemon(fleet)
+    engine = sa.create_engine(f"sqlite:///{db}")
+    try:
+        assert tick(rt, clock, fleet, 4).ok
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TRIGGER refuse_outcomes BEFORE UPDATE OF outcome ON decisions "
+                                 "BEGIN SELECT RAISE(ABORT, 'outcomes refused by the test'); END")
+        refused = tick(rt, clock, fleet, 12)
+        assert "outcomes refused by the test" in refused.errors["llama"], refused.errors
+        assert fleet.replica_history() == [4, 12], "the scale went out after its intent was written"
+        intent = refused.decision_ids["llama"]
+        assert (rt.daemon.repo.get_decision(intent) or {})["outcome"] == "pending"
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP TRIGGER refuse_outcomes")
+        after = tick(rt, clock, fleet, 12)
+        assert after.ok, after.errors
+        row = rt.daemon.repo.get_decision(intent) or {}
+        assert (row["outcome"], row["outcome_detail"]) == (
+            "applied", "reconciled after its outcome could not be written: applied")
+        assert row["scale_event"]["to_replicas"] == 12
+        assert not rt.daemon.repo.pending_decisions()
+    finally:
+        engine.dispose()
         rt.stop()
