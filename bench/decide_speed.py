@@ -13,7 +13,8 @@ explicit state) exactly as the daemon threads them. The recorded calls after the
 ``--warmup-min`` minutes (so the forecast history covers its windows) are then replayed
 ``--repeat`` times each, timed one by one in CPU time (``thread_time_ns``: on a shared machine another process taking
 the core does not count); it prints the median, p90 and
-p99 per call beside the 100 us target. ``--profile KIND`` prints the top of a cProfile of that
+p99 per call beside the 100 us target, and the median of the part spent in the rules' own
+``recommend`` (the rest is the pipeline's stages). ``--profile KIND`` prints the top of a cProfile of that
 kind's replay instead.
 
     python bench/decide_speed.py [--hours 6] [--repeat 3] [--kinds forecast,slo-guard] [--json]
@@ -107,27 +108,44 @@ def record_calls(policy: Path, hours: float, seed: int) -> list[dict[str, Any]]:
     return calls
 
 
-def time_calls(calls: list[dict[str, Any]], repeat: int) -> list[float]:
-    """Microseconds of each replayed call (every call ``repeat`` times)."""
+def time_calls(calls: list[dict[str, Any]], repeat: int) -> tuple[list[float], list[float]]:
+    """Microseconds of each replayed call (every call ``repeat`` times), and of its rules'
+    ``recommend`` calls within it."""
     out: list[float] = []
+    rules_ns = [0]
     clock = time.thread_time_ns  # CPU time of this thread: another process taking the core does not count
+    for rule in calls[0]["policy"].rules if calls else ():
+        rule.recommend = _timed(rule.recommend, rules_ns, clock)
+    in_rules: list[float] = []
     # the recorded calls are a large heap the daemon does not hold: keep the collector from
     # walking it inside the timed calls (gen-2 passes over it cost ~8 ms each)
     gc.collect()
     gc.freeze()
     for _ in range(repeat):
         for kw in calls:
+            rules_ns[0] = 0
             t0 = clock()
             decide(**kw)
             out.append((clock() - t0) / 1000.0)
+            in_rules.append(rules_ns[0] / 1000.0)
     gc.unfreeze()
-    return out
+    return out, in_rules
 
 
-def summary(us: list[float]) -> dict[str, float]:
+def _timed(fn: Any, acc: list[int], clock: Any) -> Any:
+    def wrapper(ctx: Any) -> Any:
+        t0 = clock()
+        try:
+            return fn(ctx)
+        finally:
+            acc[0] += clock() - t0
+    return wrapper
+
+
+def summary(us: list[float], rules_us: list[float]) -> dict[str, float]:
     q = statistics.quantiles(us, n=100)
     return {"median_us": round(statistics.median(us), 1), "p90_us": round(q[89], 1), "p99_us": round(q[98], 1),
-            "calls": len(us)}
+            "rules_median_us": round(statistics.median(rules_us), 1), "calls": len(us)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,17 +182,18 @@ def main(argv: list[str] | None = None) -> int:
                 prof.disable()
                 pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
                 return 0
-            results[name] = summary(time_calls(kept, args.repeat))
+            results[name] = summary(*time_calls(kept, args.repeat))
     if args.json:
         print(json.dumps({"target_us": TARGET_US, "hours": args.hours, "rows": results}, indent=1))
         return 0
     src = "the rate series" if MAF.exists() else "a synthetic sawtooth (shared data absent)"
     print(f"decide() per call, {args.hours:g} h of {src}, after the first {args.warmup_min:g} min, "
           f"each call x{args.repeat}; target {TARGET_US:g} us (forecast)")
-    print(f"{'policy':<42} {'median us':>10} {'p90 us':>8} {'p99 us':>8}  calls  vs target")
+    print(f"{'policy':<42} {'median us':>10} {'p90 us':>8} {'p99 us':>8} {'rules us':>9}  calls  vs target")
     for name, r in results.items():
         ratio = r["median_us"] / TARGET_US
-        print(f"{name:<42} {r['median_us']:>10.1f} {r['p90_us']:>8.1f} {r['p99_us']:>8.1f} {r['calls']:>6}  {ratio:.2f} x")
+        print(f"{name:<42} {r['median_us']:>10.1f} {r['p90_us']:>8.1f} {r['p99_us']:>8.1f} {r['rules_median_us']:>9.1f} "
+              f"{r['calls']:>6}  {ratio:.2f} x")
     return 0
 
 

@@ -225,7 +225,8 @@ class RunningWindow:
         """The sums recomputed from ``samples`` (time-ordered)."""
         w = cls(samples[0][0] if samples else 0.0, {}, {})
         for name, col in COLUMNS:
-            sums, maxima = [0.0] * 5, []
+            sums: list[float] = [0.0] * 5
+            maxima: list[tuple[float, float]] = []
             for item in samples:
                 v = item[col]
                 if v is not None:
@@ -237,7 +238,7 @@ class RunningWindow:
     @classmethod
     def load(cls, state: Any, samples: Sequence[Sample3]) -> "RunningWindow":
         """The running sums from ``state`` if they describe ``samples``, else recomputed."""
-        raw = state.get("running") if hasattr(state, "get") else None
+        raw: Any = state.get("running") if hasattr(state, "get") else None
         try:
             if raw["count"] == len(samples) and samples and tuple(raw["span"]) == (samples[0][0], samples[-1][0]):
                 if isinstance(raw["requests"]["sums"], tuple):  # as this kind wrote it: no JSON round trip
