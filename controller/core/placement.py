@@ -616,8 +616,9 @@ def _grow(p: _Pool, n: int) -> float:
 # Spot hedge (step 6), kept apart from the steps above
 # ---------------------------------------------------------------------------------------------
 
-HEDGE_STATE_KEY = "spot-hedge"
-"""Key of the hedge's spare count in ``History.rule_state`` (the pipeline's explicit state)."""
+HEDGE_STATE_KEY = "@spot-hedge"
+"""Key of the hedge's spare count in ``History.rule_state`` (the pipeline's explicit state; rule names
+cannot start with ``@``)."""
 
 
 class _Risk(NamedTuple):
