@@ -29,7 +29,11 @@ least two minutes); older observations fold into ``peaks``, a running-maximum hi
 ``history / 240`` (at least 15 s) from which entries that can no longer decide the burst allowance
 are dropped (:func:`fold_peaks`), so a window of hours stays a few entries long. Both are pruned to
 ``history_s`` and are plain JSON, so the history survives a restart when it is persisted; a gap
-longer than ``history_s`` simply starts afresh.
+longer than ``history_s`` simply starts afresh. ``running`` holds the least-squares sums and the
+sliding maximum of each rate over ``samples`` (:class:`RunningWindow`): a tick adds its new sample
+and subtracts the ones folded away instead of recomputing the window, and gives the same forecast
+as the recomputation (a property test holds it to that); sums that do not match the samples are
+recomputed from them.
 
 Missing or stale rates: no opinion, flagged ``missing_data`` (the pipeline then holds), and the
 history is kept as it was. Without a capacity profile there is nothing to size with: no opinion.
@@ -54,6 +58,9 @@ FINE_MIN_S = 120.0
 PEAK_BUCKETS = 240
 PEAK_BUCKET_MIN_S = 15.0
 """Older samples fold into buckets of ``max(15 s, history / 240)`` (see :func:`fold_peaks`)."""
+
+SIGNAL_OF = {"requests": "request_rate_per_s", "output_tokens": "output_tokens_per_s"}
+"""The observed signal each forecast rate reads."""
 
 Sample3 = tuple[float, float | None, float | None]
 """(t_s, requests_per_s, output_tokens_per_s); a rate is ``None`` when it was missing."""
@@ -170,6 +177,149 @@ def fold_peaks(peaks: list[Sample3], older: Sequence[Sample3], bucket_s: float) 
     return peaks
 
 
+COLUMNS = (("requests", 1), ("output_tokens", 2))
+"""The two forecast rates and their column in a ``Sample3``."""
+
+
+def _add(sums: list[float], x: float, v: float, sign: float) -> None:
+    """Add (``sign`` 1) or remove (-1) the point ``(x, v)`` from least-squares sums
+    ``[n, sum x, sum v, sum x^2, sum x v]``."""
+    sums[0] += sign
+    sums[1] += sign * x
+    sums[2] += sign * v
+    sums[3] += sign * x * x
+    sums[4] += sign * x * v
+
+
+def _push_max(maxima: list[tuple[float, float]], t: float, v: float) -> None:
+    """Append ``(t, v)`` to a sliding-window maximum (values decreasing from the front): the
+    front is the window's maximum, the back its latest point."""
+    while maxima and maxima[-1][1] <= v:
+        maxima.pop()
+    maxima.append((t, v))
+
+
+class RunningWindow:
+    """Running sums of the fine samples, so a tick costs O(1) instead of a pass over the window.
+
+    Per rate: the least-squares sums ``[n, sum x, sum v, sum x^2, sum x v]`` of the samples with
+    that rate (``x = t_s - origin``: small numbers, no cancellation on epoch seconds squared) and
+    their sliding-window maximum ``((t_s, value), ...)`` (decreasing values; the front is the
+    maximum, the back the latest point). A sample joining the window is added, one folded out of
+    it subtracted. The sums describe exactly the ``samples`` of the same state: ``count`` and
+    ``span`` (first and last ``t_s``) say which, and a state whose sums do not match its samples
+    (an older tidegate's, a hand-edited one, a gap that pruned the window) is recomputed from the
+    samples. So is one whose ``origin`` is older than a trend window before its first sample,
+    which also bounds the rounding that adding and subtracting accumulates.
+    """
+
+    __slots__ = ("origin", "sums", "maxima")
+
+    def __init__(self, origin: float, sums: dict[str, list[float]], maxima: dict[str, list[tuple[float, float]]]) -> None:
+        self.origin = origin
+        self.sums = sums
+        self.maxima = maxima
+
+    @classmethod
+    def of(cls, samples: Sequence[Sample3]) -> "RunningWindow":
+        """The sums recomputed from ``samples`` (time-ordered)."""
+        w = cls(samples[0][0] if samples else 0.0, {}, {})
+        for name, col in COLUMNS:
+            sums: list[float] = [0.0] * 5
+            maxima: list[tuple[float, float]] = []
+            for item in samples:
+                v = item[col]
+                if v is not None:
+                    _add(sums, item[0] - w.origin, v, 1.0)
+                    _push_max(maxima, item[0], v)
+            w.sums[name], w.maxima[name] = sums, maxima
+        return w
+
+    @classmethod
+    def load(cls, state: Any, samples: Sequence[Sample3]) -> "RunningWindow":
+        """The running sums from ``state`` if they describe ``samples``, else recomputed."""
+        raw: Any = state.get("running") if hasattr(state, "get") else None
+        try:
+            if raw["count"] == len(samples) and samples and tuple(raw["span"]) == (samples[0][0], samples[-1][0]):
+                if isinstance(raw["requests"]["sums"], tuple):  # as this kind wrote it: no JSON round trip
+                    sums = {n: list(raw[n]["sums"]) for n, _ in COLUMNS}
+                    maxima = {n: list(raw[n]["max"]) for n, _ in COLUMNS}
+                else:
+                    sums = {n: [float(x) for x in raw[n]["sums"]] for n, _ in COLUMNS}
+                    maxima = {n: [(float(t), float(v)) for t, v in raw[n]["max"]] for n, _ in COLUMNS}
+                if all(len(s) == 5 for s in sums.values()):
+                    return cls(float(raw["origin"]), sums, maxima)
+        except (KeyError, TypeError, ValueError):
+            pass  # absent or malformed: recomputed below, never fatal
+        return cls.of(samples)
+
+    def add(self, item: Sample3) -> None:
+        for name, col in COLUMNS:
+            v = item[col]
+            if v is not None:
+                _add(self.sums[name], item[0] - self.origin, v, 1.0)
+                _push_max(self.maxima[name], item[0], v)
+
+    def remove(self, items: Sequence[Sample3], before_s: float) -> None:
+        """Subtract ``items`` (the oldest samples, all older than ``before_s``) from the window."""
+        for name, col in COLUMNS:
+            sums = self.sums[name]
+            for item in items:
+                v = item[col]
+                if v is not None:
+                    _add(sums, item[0] - self.origin, v, -1.0)
+            maxima = self.maxima[name]
+            k = 0
+            while k < len(maxima) and maxima[k][0] < before_s:
+                k += 1
+            if k:
+                del maxima[:k]
+
+    def state(self, samples: Sequence[Sample3]) -> dict[str, Any]:
+        out: dict[str, Any] = {"origin": self.origin, "count": len(samples),
+                               "span": (samples[0][0], samples[-1][0]) if samples else ()}
+        for name, _ in COLUMNS:
+            out[name] = {"sums": tuple(self.sums[name]), "max": tuple(self.maxima[name])}
+        return out
+
+    def forecast(self, name: str, col: int, samples: Sequence[Sample3], peaks: Sequence[Sample3], now_s: float,
+                 lead_s: float, trend_window_s: float, burst_window_s: float, burst_hold_s: float | None,
+                 history_start_s: float) -> tuple[float, float, float] | None:
+        """What :func:`forecast_rate` gives on the peaks and samples of rate ``name``, from the
+        running sums; ``None`` where they cannot tell (then recompute): no sample of that rate,
+        or a configuration where the fine samples are not exactly the trend window at full weight
+        (a trend window under two minutes, a burst window or hold shorter than the trend window)."""
+        maxima = self.maxima[name]
+        hold = burst_window_s if burst_hold_s is None else min(burst_hold_s, burst_window_s)
+        if not maxima or trend_window_s < FINE_MIN_S or hold < trend_window_s:
+            return None
+        if peaks and peaks[-1][0] >= now_s - trend_window_s:
+            return None  # a clock that went back: the peaks reach into the trend window
+        latest_t, latest = maxima[-1]
+        burst = maxima[0][1]  # every fine sample is within the hold: full weight
+        t_burst = now_s - burst_window_s
+        fade = burst_window_s - hold
+        for item in peaks:
+            v = item[col]
+            t = item[0]
+            if v is None or t < t_burst:
+                continue
+            age = now_s - t
+            w = v if age <= hold or fade <= 0 else v * (1.0 - (age - hold) / fade)
+            if w > burst:
+                burst = w
+        n, sx, sv, sxx, sxv = self.sums[name]
+        first_t = next(item[0] for item in samples if item[col] is not None)
+        slope = 0.0
+        covered = min(1.0, max(0.0, (now_s - history_start_s) / trend_window_s))
+        if covered > 0 and n >= 1.5 and latest_t - first_t >= 30.0:
+            den = n * sxx - sx * sx
+            if den > 0:
+                slope = (n * sxv - sx * sv) / den
+        trend = max(0.0, latest + max(0.0, slope) * lead_s * covered)
+        return max(trend, burst), trend, burst
+
+
 class Forecast(PolicyKind):
     """Replicas for the load one lead time ahead: rising trend and recent bursts, times headroom."""
 
@@ -236,35 +386,43 @@ class Forecast(PolicyKind):
         now_s = ctx.now.timestamp()
         keep_s = max(p.history_s, p.burst_window_s, p.trend_window_s)  # never prune what a window needs
         lo = now_s - keep_s
-        samples = _within(_load_samples(ctx.state), lo, now_s)
+        loaded = _load_samples(ctx.state)
+        samples = _within(loaded, lo, now_s)
         peaks = _within(_load_samples(ctx.state, "peaks"), lo, now_s)
+        # a window pruned here (a gap, a clock that went back) no longer matches its sums
+        running = RunningWindow.load(ctx.state if samples is loaded else {}, samples)
         if cap is None:
             return Recommendation(rule=self.rule, kind=self.name, replicas=None, reason=Reason.METRIC_MISSING.value,
                                   message="no capacity profile for the model: nothing to size with",
-                                  missing_data=True, state={"samples": tuple(samples), "peaks": tuple(peaks)})
+                                  missing_data=True, state=self._state(samples, peaks, running))
         wanted = [s for s in ("requests", "output_tokens") if s in p.signals]
-        signal_of = {"requests": "request_rate_per_s", "output_tokens": "output_tokens_per_s"}
         per_replica = {"requests": cap.requests_per_s, "output_tokens": cap.output_tokens_per_s}
         values: dict[str, float | None] = {}
         missing: list[tuple[str, str]] = []
         stamp: float | None = None
         for sub in wanted:
-            v = ctx.fresh(signal_of[sub])
+            name = SIGNAL_OF[sub]
+            v = ctx.fresh(name)
             values[sub] = v
             if v is None:
-                missing.append(ctx.missing_reason(signal_of[sub]))
+                missing.append(ctx.missing_reason(name))
             else:
-                at = getattr(ctx.signals, signal_of[sub]).at
-                stamp = max(stamp or -math.inf, at.timestamp())
+                at = getattr(ctx.signals, name).at.timestamp()
+                stamp = at if stamp is None or at > stamp else stamp
         if stamp is not None and (not samples or stamp > samples[-1][0]):
-            samples.append((stamp, values.get("requests"), values.get("output_tokens")))
+            new = (stamp, values.get("requests"), values.get("output_tokens"))
+            samples.append(new)
+            running.add(new)
         # full resolution where the trend reads it, a coarse running peak history beyond
         fine_from = now_s - max(p.trend_window_s, FINE_MIN_S)
-        k = bisect_left(samples, fine_from, key=lambda x: x[0])
-        if k:
+        if samples and samples[0][0] < fine_from:
+            k = bisect_left(samples, fine_from, key=lambda x: x[0])
             peaks = fold_peaks(peaks, samples[:k], max(PEAK_BUCKET_MIN_S, keep_s / PEAK_BUCKETS))
+            running.remove(samples[:k], fine_from)
             samples = samples[k:]
-        state = {"samples": tuple(samples), "peaks": tuple(peaks)}
+        if not samples or samples[0][0] - running.origin > p.trend_window_s:
+            running = RunningWindow.of(samples)  # re-anchored: bounded numbers, bounded rounding
+        state = self._state(samples, peaks, running)
         # the history began with the oldest sample kept; anything folded into peaks is older than
         # the fine window, so the history then covers the trend window
         since = -math.inf if peaks else (samples[0][0] if samples else now_s)
@@ -279,10 +437,14 @@ class Forecast(PolicyKind):
             if values[sub] is None or per_replica[sub] <= 0:
                 continue
             col = 1 if sub == "requests" else 2
-            pts = [(s[0], v) for s in peaks if (v := s[col]) is not None]
-            pts += [(s[0], v) for s in samples if (v := s[col]) is not None]
-            f, trend, burst = forecast_rate(pts, now_s, p.lead_time_s, p.trend_window_s, p.burst_window_s,
-                                            p.burst_hold_s, since)
+            got = running.forecast(sub, col, samples, peaks, now_s, p.lead_time_s, p.trend_window_s,
+                                   p.burst_window_s, p.burst_hold_s, since)
+            if got is None:
+                pts = [(s[0], v) for s in peaks if (v := s[col]) is not None]
+                pts += [(s[0], v) for s in samples if (v := s[col]) is not None]
+                got = forecast_rate(pts, now_s, p.lead_time_s, p.trend_window_s, p.burst_window_s,
+                                    p.burst_hold_s, since)
+            f, trend, burst = got
             need = f * p.headroom
             planned = per_replica[sub] * p.capacity_fraction
             n = ceil_replicas(need / planned)
@@ -313,3 +475,7 @@ class Forecast(PolicyKind):
                               message=f"forecast {p.lead_time_s:g}s ahead, {decider} decides {replicas} "
                                       f"(current {current}): " + "; ".join(parts),
                               missing_data=bool(missing), state=state)
+
+    @staticmethod
+    def _state(samples: list[Sample3], peaks: list[Sample3], running: RunningWindow) -> dict[str, Any]:
+        return {"samples": tuple(samples), "peaks": tuple(peaks), "running": running.state(samples)}

@@ -54,7 +54,7 @@ from controller.core.model import (
     Stage,
 )
 from controller.core.overrides import OverrideEffect, resolve
-from controller.core.placement import PlacementResult, place, preferred_pool
+from controller.core.placement import HEDGE_STATE_KEY, PlacementResult, hedge_spare, place, preferred_pool
 from controller.core.policy import EffectivePolicy
 from controller.core.pricing import hourly_cost_at_usd, placement_cost
 from controller.core.reasons import Reason
@@ -594,7 +594,9 @@ def decide(
     previous, unknown = _observed(model, states)
     if unknown:
         return _not_observed(model, pools, states, policy, history, previous, unknown, now)
-    current = sum(previous.values())
+    observed = sum(previous.values())
+    # the spot hedge's spares are no demand: the rules and safeguards see the replicas without them
+    current = max(0, observed - hedge_spare(history.rule_state)) if spec.placement.spot_hedge > 0 else observed
     max_age_s = spec.missing_data.max_signal_age_s
     learned = _capacity(model, pools, signals, previous, policy, history, now)
     op = _opinions(policy, history, partial(
@@ -614,17 +616,20 @@ def decide(
     lo, bounded = _bounds(limited, effect, op.floor, spec.bounds)
     fixed, drained, overridden = _overrides(bounded, effect, previous, spec.bounds.max_replicas)
     fill = partial(place, model=model, pools=pools, states=states, placement=spec.placement, drained=drained,
-                   pinned=fixed)
+                   pinned=fixed, max_total=effect.bounds_for(spec.bounds.min_replicas, spec.bounds.max_replicas)[1])
     cap = _cost_cap(spec.budget, signals, now, max_age_s, lo, overridden.value, fill)
     result = fill(total=overridden.value, max_cost_per_hour_usd=cap.usd)
-    placed = _placement(overridden, result, current, previous, fixed)
+    placed = _placement(overridden, result, observed, previous, fixed)
     budgeted = _budget(placed, result, cap, overridden.value, lo)
-    out = _outcome(budgeted, result, effect, paused, current, previous,
+    out = _outcome(budgeted, result, effect, paused, observed, previous,
                    partial(placement_cost, model, pools, states, previous))
-    if out.actuate and out.replicas != current:
-        events = events + (ScaleEvent(now, current, out.replicas),)
+    if spec.placement.spot_hedge > 0:
+        op.rule_state[HEDGE_STATE_KEY] = {"spare": result.hedge_spare if out.actuate else hedge_spare(history.rule_state)}
+    demand = out.replicas - (result.hedge_spare if out.actuate else 0)
+    if out.actuate and demand != current:
+        events = events + (ScaleEvent(now, current, demand),)
     return Decision(
-        model=model.name, at=now, current_replicas=current, replicas=out.replicas, placement=out.placement,
+        model=model.name, at=now, current_replicas=observed, replicas=out.replicas, placement=out.placement,
         previous_placement=previous, recommendations=op.recs,
         trace=(recommended.stage, combined.stage, tolerated.stage, guarded.stage, stabilized.stage, limited.stage,
                bounded.stage, overridden.stage, placed.stage, budgeted.stage, out.stage),

@@ -26,6 +26,18 @@ rules, in the order they apply:
    the cheapest empty one, within the budget. Interruptions hit one pool at a time; a spread
    fleet survives them.
 
+6. **Spot hedge** (``placement.spot_hedge`` > 0; SkyServe's SpotHedge over-provisioning, sized
+   per pool from what it was seen to lose): a spot pool whose recent interruptions (interrupted
+   nodes within the provider's window) took ``k`` replicas' worth, holding ``r`` replicas now,
+   has ``min(r, k)`` replicas at risk and gets ``ceil(spot_hedge x at risk)`` spare replicas
+   above the total, placed away from every interrupted pool: on-prem room first, then the spot
+   pools with no recent interruption (spread as in step 4), then on-demand, each within the
+   budget and ``max_total``. A pool never interrupted gets no spare. When such a pool is then
+   reclaimed whole, the spares are already serving while its replacements start. The spares are
+   kept from tick to tick (step 2 trims to the total plus the spare) and reported
+   (``PlacementResult.hedge_spare``, reason ``SpotHedge``) so the pipeline does not count them
+   as demand.
+
 Each rule is a function of ``place``'s (``_keep_valid``, ``_trim_excess``, ``_trim_to_budget``,
 ``_fill``, ``_repair_spread``, then ``_shortfall`` and ``_reason`` for what shaped the result);
 they work on private per-pool views and return what they did with their events (reason code,
@@ -37,6 +49,7 @@ Cost = sum over pools of whole nodes for the replicas times the node price per h
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Collection, Mapping, NamedTuple
 
@@ -130,6 +143,8 @@ class PlacementResult:
     """Replicas removed from the kept placement to get within the budget."""
     cap_usd: float | None = None
     """The cost ceiling applied, USD per hour."""
+    hedge_spare: int = 0
+    """Spare replicas above the total held by the spot hedge (``placement.spot_hedge``)."""
     why: tuple[str, ...] = ()
     """Why each pool got what it got, for people: the order pools were filled in with the
     replica-hour prices that set it (``gcp-spot before aws-spot: $3.75 vs $3.79 per replica-hour``),
@@ -224,6 +239,7 @@ def place(
     max_cost_per_hour_usd: float | None = None,
     drained: Collection[str] = (),
     pinned: Mapping[str, int] | None = None,
+    max_total: int | None = None,
 ) -> PlacementResult:
     """Replicas per pool for ``total`` replicas of ``model``.
 
@@ -231,7 +247,8 @@ def place(
     to place before every pool has been observed), readiness, availability, interruption notices
     and live price. ``drained`` pools get nothing. ``pinned`` pools get exactly their pin (capped
     by capacity) and are neither filled nor trimmed for the total, only for the budget (last).
-    ``max_cost_per_hour_usd`` is the ceiling on the placement's cost.
+    ``max_cost_per_hour_usd`` is the ceiling on the placement's cost. ``max_total`` bounds the
+    total with the spot hedge's spares (``placement.spot_hedge``; none with pins).
 
     The steps of the module docstring, in order, each a function of its own; they work on the
     pools' private working views and return what they did and their events.
@@ -240,18 +257,21 @@ def place(
     kept = _keep_valid(model, pools, states, placement, drained, pinned or {})
     views = kept.views
     want = max(total, sum(p.replicas for p in views if p.pinned))
-    _trim_excess(views, want)
+    risk = _spot_risk(views, states, placement.spot_hedge, want if pinned else max_total, want)
+    _trim_excess(views, want + risk.spare)
     trim = _trim_to_budget(views, cap)
     fill = _fill(views, want, trim, cap, placement)
     spread = _repair_spread(views, fill.cost, cap, placement.spot_spread_min_pools)
+    hedge = _fill_hedge(views, want, risk, cap, placement)
     short = _shortfall(views, want, cap, placement.allow_on_demand, trim.removed)
     return PlacementResult(
         replicas={p.name: p.replicas for p in views},
         cost_per_hour_usd=sum(p.cost() for p in views),
         requested=total,
         kept={p.name: p.kept for p in views},
-        reason=_reason(kept, short, fill.on_demand),
-        events=tuple(kept.events + trim.events + fill.events + spread + short.events),
+        reason=_hedge_reason(_reason(kept, short, fill.on_demand), hedge),
+        events=tuple(kept.events + trim.events + fill.events + spread + hedge.events + short.events),
+        hedge_spare=hedge.spare,
         interrupted_removed=kept.interrupted_removed,
         interrupted_replaced=min(kept.interrupted_removed, fill.added),
         capacity_limited=short.capacity_limited,
@@ -590,3 +610,95 @@ def _grow(p: _Pool, n: int) -> float:
     before = p.nodes()
     p.replicas += n
     return (p.nodes() - before) * p.price
+
+
+# ---------------------------------------------------------------------------------------------
+# Spot hedge (step 6), kept apart from the steps above
+# ---------------------------------------------------------------------------------------------
+
+HEDGE_STATE_KEY = "@spot-hedge"
+"""Key of the hedge's spare count in ``History.rule_state`` (the pipeline's explicit state; rule names
+cannot start with ``@``)."""
+
+
+class _Risk(NamedTuple):
+    """What the spot hedge covers: replicas at risk per interrupted spot pool, every pool with a
+    recent interruption, and the spare replicas to hold above the total."""
+
+    at_risk: dict[str, int]
+    interrupted: frozenset[str]
+    spare: int
+    factor: float
+
+
+def _spot_risk(views: list[_Pool], states: Mapping[str, PoolState], factor: float, max_total: int | None,
+               want: int) -> _Risk:
+    """Replicas at risk per spot pool (``min(replicas kept, interrupted nodes x replicas per
+    node)``) and the spare: ``ceil(factor x at risk)`` per pool, within ``max_total``."""
+    at_risk: dict[str, int] = {}
+    interrupted: set[str] = set()
+    if factor <= 0:
+        return _Risk(at_risk, frozenset(), 0, factor)
+    spare = 0
+    for p in views:
+        state = states.get(p.name)
+        if p.tier != _SPOT or state is None or state.recent_interruptions <= 0:
+            continue
+        interrupted.add(p.name)
+        risk = min(p.kept, state.recent_interruptions * max(1, p.per_node))
+        if risk > 0:
+            at_risk[p.name] = risk
+            spare += math.ceil(factor * risk - 1e-9)
+    if max_total is not None:
+        spare = max(0, min(spare, max_total - want))
+    return _Risk(at_risk, frozenset(interrupted), spare, factor)
+
+
+class _Hedge(NamedTuple):
+    """Step 6's value: the spares held above the total and the events saying where."""
+
+    spare: int
+    events: list[tuple[str, str]]
+
+
+def _fill_hedge(views: list[_Pool], want: int, risk: _Risk, cap: float | None, placement: PlacementSpec) -> _Hedge:
+    """Step 6: hold ``risk.spare`` replicas above ``want``, away from interrupted pools: on-prem
+    room, then spot pools with no recent interruption (spread), then on-demand; within the cap.
+    Spares kept from earlier ticks count (step 2 left them in place)."""
+    if risk.spare <= 0:
+        return _Hedge(0, [])
+    held = sum(p.replicas for p in views) - want
+    need = risk.spare - max(0, held)
+    cost = sum(p.cost() for p in views)
+    added_by: dict[int, int] = {}
+    if need > 0:
+        n, cost = _fill_tier(_ranked(views, _ONPREM), need, cost, cap)
+        added_by[_ONPREM] = n
+        safe = [p for p in _ranked(views, _SPOT) if p.name not in risk.interrupted]
+        n, cost = _fill_spot(safe, need - sum(added_by.values()), cost, cap, placement.spot_spread_min_pools)
+        added_by[_SPOT] = n
+        if placement.allow_on_demand:
+            n, cost = _fill_tier(_ranked(views, _ONDEMAND), need - sum(added_by.values()), cost, cap)
+            added_by[_ONDEMAND] = n
+    spare = max(0, sum(p.replicas for p in views) - want)
+    pools = ", ".join(f"{name} {n}" for name, n in sorted(risk.at_risk.items()))
+    msg = (f"spot hedge: {spare} spare for {sum(risk.at_risk.values())} replicas at risk ({pools}; x{risk.factor:g})")
+    if any(added_by.values()):
+        msg += ": added " + ", ".join(f"{n} {tier}" for tier, n in
+                                      (("on-prem", added_by.get(_ONPREM, 0)), ("spot", added_by.get(_SPOT, 0)),
+                                       ("on-demand", added_by.get(_ONDEMAND, 0))) if n)
+    if spare < risk.spare:
+        msg += f"; {risk.spare - spare} more found no room or budget"
+    return _Hedge(spare, [(Reason.SPOT_HEDGE.value, msg)])
+
+
+def _hedge_reason(reason: str, hedge: _Hedge) -> str:
+    """``SpotHedge`` where the placement was otherwise unremarkable and holds spares."""
+    return Reason.SPOT_HEDGE.value if hedge.spare > 0 and reason == Reason.PLACED.value else reason
+
+
+def hedge_spare(rule_state: Mapping[str, Mapping[str, object]]) -> int:
+    """The spares the previous decision held above its total (its ``rule_state``): the pipeline
+    takes them off the observed replicas before the rules and safeguards see them."""
+    raw = rule_state.get(HEDGE_STATE_KEY, {}).get("spare", 0)
+    return raw if isinstance(raw, int) and raw > 0 else 0

@@ -54,6 +54,8 @@ class Reason(str, enum.Enum):
     POOL_UNAVAILABLE = "PoolUnavailable"
     SPOT_INTERRUPTED = "SpotInterrupted"
     ON_DEMAND_FALLBACK = "OnDemandFallback"
+    SPOT_HEDGE = "SpotHedge"
+    """Spare replicas placed away from spot pools with recent interruptions (placement.spot_hedge)."""
     BUDGET_CAP_REACHED = "BudgetCapReached"
     COST_PER_TOKEN_CAP_REACHED = "CostPerTokenCapReached"
     WITHIN_BUDGET = "WithinBudget"

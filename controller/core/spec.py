@@ -33,6 +33,7 @@ MAX_PRIORITY = 1_000_000
 MAX_SIGNAL_VALUE = 1e9
 """A target or threshold in a signal's own unit (waiting requests, tokens per second...)."""
 MAX_COUNT = 10_000
+MAX_SPOT_HEDGE = 4.0
 """Other counts: spot pools to spread over, interruptions within a window."""
 
 WindowS = Annotated[float, Field(ge=0, le=MAX_WINDOW_S)]
@@ -116,6 +117,7 @@ class Placement(_Strict):
     spot_spread_min_pools: int = Field(2, ge=1, le=MAX_COUNT, description=f"When more than one replica bursts to spot, spread them over at least this many spot pools (when that many are available; at most {MAX_COUNT}).")
     allow_on_demand: bool = Field(True, description="Use on-demand pools as the fallback when on-prem and spot cannot hold the total.")
     max_recent_interruptions: int = Field(3, ge=0, le=MAX_COUNT, description=f"A spot pool with more recent interruptions than this (at most {MAX_COUNT}) is treated as unavailable. Recent: within the provider's window (providers.settings.kubernetes.interruption_window_s, 3600 s by default).")
+    spot_hedge: float = Field(0.0, ge=0, le=MAX_SPOT_HEDGE, description=f"Spot hedge (SkyServe's SpotHedge over-provisioning, sized per pool): spare replicas per replica a spot pool's recent interruptions took (interrupted nodes in the provider's window x replicas per node, at most the replicas the pool holds), placed away from the interrupted pools: on-prem room first, then spot pools with no recent interruption (spread), then on-demand, within the budget and max_replicas. A pool never interrupted gets no spare. 0: no hedge; 1: one spare per replica at risk; at most {MAX_SPOT_HEDGE}.")
 
 
 class Budget(_Strict):

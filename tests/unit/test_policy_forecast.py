@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from controller.core.model import ModelSignals, ModelSpec, Recommendation, ReplicaCapacity, Sample
 from controller.core.reasons import Reason
 from policies.base import PolicyContext, Registry
-from policies.forecast import Forecast, fold_peaks, forecast_rate, trend_slope
+from policies.forecast import COLUMNS, Forecast, RunningWindow, fold_peaks, forecast_rate, trend_slope
 
 UTC = timezone.utc
 T0 = datetime(2024, 9, 9, 12, 0, tzinfo=UTC)
@@ -240,3 +240,57 @@ def test_folded_peaks_bound_the_full_history(data: st.DataObject, vals: list[tup
         assert got <= burst(pts, now - bucket) + 1e-9
     assert len(folded) <= max(len(pts) - 1, 0)
     assert [x[0] for x in folded] == sorted(x[0] for x in folded)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(),
+       steps=st.lists(st.tuples(st.sampled_from([5.0, 15.0, 15.0, 30.0, 61.0, 400.0]),
+                                st.one_of(st.none(), st.floats(min_value=0.0, max_value=50.0)),
+                                st.one_of(st.none(), st.floats(min_value=0.0, max_value=5000.0))),
+                      min_size=1, max_size=120))
+def test_running_sums_equal_the_recomputed_window(data: st.DataObject,
+                                                  steps: list[tuple[float, float | None, float | None]]) -> None:
+    # The rates fed tick by tick (gaps, missing rates, JSON round trips of the state): at every
+    # tick the forecast from the running sums kept in the state is the one recomputed from the
+    # whole window (forecast_rate over the peaks and samples), for either rate.
+    trend = data.draw(st.sampled_from([60.0, 120.0, 300.0, 600.0]))
+    window = data.draw(st.sampled_from([0.0, 300.0, 900.0, 3600.0]))
+    hold = data.draw(st.one_of(st.none(), st.sampled_from([0.0, 300.0, 600.0, 3600.0])))
+    lead = data.draw(st.sampled_from([0.0, 480.0]))
+    kind = build(trend_window_s=trend, burst_window_s=window, burst_hold_s=hold, lead_time_s=lead,
+                 history_s=data.draw(st.sampled_from([300.0, 1800.0])))
+    state: Any = {}
+    now = T0
+    compared = 0
+    for dt, req, tok in steps:
+        now += timedelta(seconds=dt)
+        rec = kind.recommend(ctx(now, req, tok, state))
+        state = json.loads(json.dumps(rec.state)) if data.draw(st.booleans()) else rec.state
+        samples, peaks = list(rec.state["samples"]), list(rec.state["peaks"])
+        running = RunningWindow.load(rec.state, samples)
+        assert running.state(samples) == rec.state["running"]  # the state's sums describe its samples
+        since = -math.inf if peaks else (samples[0][0] if samples else now.timestamp())
+        for name, col in COLUMNS:
+            got = running.forecast(name, col, samples, peaks, now.timestamp(), lead, trend, window, hold, since)
+            if got is None:
+                continue  # a configuration the sums cannot answer: recomputed in recommend()
+            pts = [(s[0], v) for s in peaks + samples if (v := s[col]) is not None]
+            want = forecast_rate(pts, now.timestamp(), lead, trend, window, hold, since)
+            assert got == pytest.approx(want, rel=1e-9, abs=1e-9)
+            compared += 1
+    # where the fine samples are the trend window at full weight, a tick with a rate is answered
+    # from the sums (not left to the recomputation)
+    if trend >= 120 and window >= trend and (hold is None or hold >= trend) and steps[-1][1] is not None:
+        assert compared
+
+
+def test_a_state_without_running_sums_is_recomputed() -> None:
+    # a state written before the running sums existed (or edited by hand) decides as before
+    kind = build()
+    full = run(kind, [2.0 + 0.1 * i for i in range(40)])
+    old = {"samples": full.state["samples"], "peaks": full.state["peaks"]}
+    later = T0 + timedelta(seconds=40 * 15)
+    a = kind.recommend(ctx(later, 6.0, state=full.state))
+    b = kind.recommend(ctx(later, 6.0, state=old))
+    assert (a.replicas, a.message) == (b.replicas, b.message)
+    assert a.state["running"]["count"] == b.state["running"]["count"] == len(a.state["samples"])
