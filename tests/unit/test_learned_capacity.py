@@ -221,19 +221,28 @@ def test_an_optimistic_profile_is_corrected_within_ten_minutes(world: dict[str, 
 
 def test_a_pessimistic_profile_is_raised_and_the_fleet_shrinks_to_the_right_size(
         world: dict[str, object], capsys: pytest.CaptureFixture[str]) -> None:
-    """Warm start: from one replica the backlog of the first minute scales the fleet to its
-    maximum, and the upward probe (15 % a minute, paused while the fleet follows each step down)
-    only begins once that fleet has shrunk, about four minutes in: from a cold start the learned
-    value reaches about 82 % of the true one at 10 minutes (the README's known limit)."""
+    """Warm start (the fleet ready at the size the true capacity gives): the upward probe (15 % a
+    minute, paused while the fleet follows each step down) raises a 2 x pessimistic profile to
+    within 15 % of the true capacity within 10 minutes (measured: 1.03 x at 565 s, 1.08 x at
+    615 s), and the fleet is then within one replica of the right profile's."""
     cap, timeline, true_tok = _run(world, 0.5, capsys, warm=True)
     right_cap, right_timeline, _ = _run(world, 1.0, capsys, warm=True)
     assert cap["log"][0][1] == pytest.approx(0.5 * true_tok, rel=0.02)
-    # within 10 minutes the learned capacity reaches at least 85 % of the true one (it may probe
-    # above it where the fleet meets the SLO anyway: see the README's learned-capacity section)
-    assert _at(cap["log"], 600.0) >= 0.85 * true_tok
+    assert 0.85 * true_tok <= _at(cap["log"], 600.0) <= 1.15 * true_tok
     right = max(_desired(right_timeline, 540, 660))
     assert all(abs(n - right) <= 1 for n in _desired(timeline, 600, 660)), (_desired(timeline, 600, 660), right)
     assert not math.isnan(cap["scale"])
+
+
+def test_a_pessimistic_profile_from_a_cold_start_is_still_short_at_ten_minutes(
+        world: dict[str, object], capsys: pytest.CaptureFixture[str]) -> None:
+    """The known limit (README, "Learned capacity"): from one replica the backlog of the first
+    minute scales the fleet to its maximum, and the probe only begins once that fleet has shrunk,
+    about four minutes in. The same 15 % a minute then leaves the learned value at ~0.8 x the true
+    capacity at 10 minutes (measured 0.82 x), outside the issue's 15 %; 0.85 x at 615 s."""
+    cap, _, true_tok = _run(world, 0.5, capsys)
+    assert 0.7 * true_tok <= _at(cap["log"], 600.0) < 0.85 * true_tok
+    assert _at(cap["log"], 660.0) >= 0.85 * true_tok
 
 
 # ------------------------------------------------------------------------ per (model, GPU type)
