@@ -387,14 +387,16 @@ def prefill_wait(rate_per_s: float, es: float, es2: float, replicas: int = 1,
     count. Where one prefill takes most of the TTFT target (prompts of several thousand tokens),
     any wait misses it, so a replica in a pool sustains far more at the SLO than a lone one: on
     4-12k-token prompts (mean prefill 0.6 s, TTFT 1.5 s) a lone H100 replica keeps 99 % of
-    requests within the SLO up to ~0.1 req/s, one of four ~0.55 req/s, one of sixteen ~0.86 req/s
-    (``Replica`` behind the gateway's routing; ``tests/unit/test_simulator_service.py``).
+    requests within the SLO up to ~0.11 req/s, one of four ~0.55 req/s, one of sixteen ~0.86 req/s
+    (measured request by request: ``Replica`` behind the gateway's least-loaded routing, Poisson
+    arrivals, rate bisected for 99 %; ``tests/unit/test_simulator_service.py`` checks four).
 
     - The gateway (``shared_queue`` false): a request waits with Erlang's C probability that all
       ``replicas`` are busy (offered load ``replicas x rate x es``); it is then committed to one
       replica and waits as behind that replica's own queue (the M/G/1 wait given a wait,
-      ``es2 / (2 es (1 - rho))``). Against the request-by-request replicas behind the gateway it
-      is 5-20 % low on those prompts and ~25 % low on the Azure code mix (conservative).
+      ``es2 / (2 es (1 - rho))``). Against those request-by-request figures its rate at the SLO
+      is 4-21 % low on those prompts (1 to 16 replicas) and 20-25 % low on the Azure code
+      trace's mix (4 to 16): conservative.
     - ``shared_queue``: one queue for all replicas, the next prefill on the first replica free
       (M/G/c, the Lee-Longton approximation ``C / (c mu - lambda) x (1 + cs^2) / 2``): no routing
       waits less, so it rates a replica above what the gateway gets (the relaxed bound's case).
