@@ -284,8 +284,8 @@ def solve_plan(setup: SimSetup, *, min_replicas: int, max_replicas: int, max_cos
     n = len(need)
     # Every pool's replicas count at the per-replica rate of a pool the size of the peak need (in
     # the bounds): the program stays linear, and the rates only weigh GPU types against each other.
-    size = int(min(max(1.0, math.ceil(float(need.max(initial=1.0)) - 1e-9)), max(max_replicas, 1),
-                   fleet_replicas(setup)))
+    peak = float(np.nan_to_num(need, posinf=float(fleet_replicas(setup))).max(initial=1.0))
+    size = int(min(max(1.0, math.ceil(peak - 1e-9)), max(max_replicas, 1), fleet_replicas(setup)))
     pools = plan_pools(setup, g, n, min_replicas, tick_s, size)
     if not pools:
         raise ValueError("hindsight plan: no pool can host the model")
