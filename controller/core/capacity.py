@@ -400,4 +400,12 @@ def status(decision: Decision | None) -> dict[str, Any] | None:
             "requests_per_s_per_replica": _num(st, "req_per_s", 0.0),
             "profile_output_tokens_per_s_per_replica": _num(st, "profile_tokens_per_s", 0.0),
             "profile_requests_per_s_per_replica": _num(st, "profile_req_per_s", 0.0), "scale": _num(st, "scale", 1.0),
-            "evidence": str(st.get("evidence", "")), "text": text}
+            "scale_per_gpu_type": gpu_scales(st), "evidence": str(st.get("evidence", "")), "text": text}
+
+
+def gpu_scales(state: Mapping[str, Any]) -> dict[str, float]:
+    """The correction learned per GPU type (empty for a state from before the per-GPU learner)."""
+    per = state.get(GPU_KEY)
+    if not isinstance(per, Mapping):
+        return {}
+    return {str(g): _num(v, "scale", 1.0) for g, v in per.items() if isinstance(v, Mapping)}

@@ -189,9 +189,11 @@ def _capacity(
     caps = {g: learned_capacity.for_mix(model.capacity[g], mix, scales.get(g, 1.0)) for g in weights}
     cap = learned_capacity.weighted(caps, weights)
     prior = learned_capacity.weighted(priors, weights)
-    total_w = sum(weights.values())
-    scale = sum(scales.get(g, 1.0) * w for g, w in weights.items()) / total_w
-    new_state["scale"] = scale  # the placement's, for readers (replay, status); each GPU type's is under "gpus"
+    # the placement's correction as one number, for readers (replay, status): learned over profile
+    # (on one GPU type its own scale; each GPU type's is under "gpus")
+    scale = (cap.output_tokens_per_s / prior.output_tokens_per_s if prior.output_tokens_per_s > 0
+             else scales.get(next(iter(weights)), 1.0))
+    new_state["scale"] = scale
     new_state.update(learned_capacity.shown(cap, prior, evidence))
     if mix is not None:
         new_state["mix"] = (now.timestamp(), mix.prompt_tokens, mix.output_tokens)

@@ -20,6 +20,7 @@ from controller.core.capacity import (
     Mix,
     Observed,
     for_mix,
+    gpu_scales,
     learn,
     learn_by_gpu,
     learned_scale,
@@ -286,6 +287,8 @@ def test_two_gpu_types_of_different_speeds_learn_different_capacities() -> None:
     both = weighted(caps, {"H100": 4.0, "H200": 4.0})
     assert both.requests_per_s == pytest.approx((caps["H100"].requests_per_s + caps["H200"].requests_per_s) / 2)
     assert caps["H200"].requests_per_s > 1.5 * caps["H100"].requests_per_s
+    # /v1/status shows each GPU type's correction
+    assert gpu_scales(state) == {g: pytest.approx(learned_scale(state, g, CFG)) for g in ("H100", "H200")}
 
 
 def test_a_state_from_before_the_per_gpu_learner_applies_to_every_gpu_type() -> None:
