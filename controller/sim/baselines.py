@@ -596,7 +596,7 @@ def demand_parts(setup: SimSetup, interval_s: float, *, window_s: float = 60.0,
 
     per = max(1, int(round(window_s / fine)))
     sustained = arrivals(per) / (per * fine)                  # requests/s over the next minute
-    r_max_ref = setup.fluid_model(reference_gpu_type(setup)).max_rate_per_s
+    r_max_ref = setup.fluid_model(setup.reference_gpu()).max_rate_per_s
     burst = np.zeros(nf)
     if r_max_ref > 0:
         ttft = setup.slo.ttft_s
@@ -608,12 +608,6 @@ def demand_parts(setup: SimSetup, interval_s: float, *, window_s: float = 60.0,
     return sustained.reshape(n, sub).max(axis=1), burst.reshape(n, sub).max(axis=1)
 
 
-def reference_gpu_type(setup: SimSetup) -> str:
-    """The GPU type demand is counted in: the first on-prem pool's (else the first pool's)."""
-    pools = setup.model_pools()
-    return next((p.gpu_type for p in pools if p.tier.is_onprem), pools[0].gpu_type)
-
-
 def burst_demand(setup: SimSetup, interval_s: float, *, window_s: float = 60.0,
                  burst_windows_s: Sequence[float] = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0), fine_s: float = 1.0,
                  burst_utilization: float = 0.6) -> np.ndarray:
@@ -623,7 +617,7 @@ def burst_demand(setup: SimSetup, interval_s: float, *, window_s: float = 60.0,
     that rate (see ``OracleController``). Intervals ``ceil(span / interval_s) + 2``."""
     sustained, burst = demand_parts(setup, interval_s, window_s=window_s, burst_windows_s=burst_windows_s,
                                     fine_s=fine_s, burst_utilization=burst_utilization)
-    r_slo_ref = setup.rate_at_slo(reference_gpu_type(setup))
+    r_slo_ref = setup.rate_at_slo(setup.reference_gpu())
     if r_slo_ref <= 0:
         return sustained
     return np.maximum(sustained, burst * r_slo_ref)

@@ -55,7 +55,7 @@ import numpy as np
 
 from controller.core.model import ModelSpec
 from controller.core.pricing import S_PER_HOUR, pool_price
-from controller.sim.baselines import OracleController, demand_parts, reference_gpu_type
+from controller.sim.baselines import OracleController, demand_parts
 from controller.sim.engine import Baseline, Observation, SimSetup
 from controller.sim.workload import rate_profile
 
@@ -148,7 +148,7 @@ def demand_replicas(setup: SimSetup, interval_s: float) -> np.ndarray:
     minute's rate at the SLO together (:func:`capacity_curve`) and those that absorb its bursts
     (``baselines.demand_parts``)."""
     sustained, burst = demand_parts(setup, interval_s)
-    curve = capacity_curve(setup, reference_gpu_type(setup), fleet_replicas(setup))
+    curve = capacity_curve(setup, setup.reference_gpu(), fleet_replicas(setup))
     return np.maximum(replicas_for(sustained, curve), burst)
 
 
@@ -275,7 +275,7 @@ def solve_plan(setup: SimSetup, *, min_replicas: int, max_replicas: int, max_cos
     """The cheapest schedule (see the module doc). ``demand_rps``: reference replicas' worth of
     requests/s at the SLO per interval, one replica on its own (default: :func:`demand_replicas`)."""
     g = interval_s or default_interval_s(setup.span_s)
-    ref = reference_gpu_type(setup)
+    ref = setup.reference_gpu()
     if demand_rps is None:
         need = demand_replicas(setup, g)
     else:
@@ -366,7 +366,7 @@ def relaxed_bound_usd(setup: SimSetup, plan: Plan, *, min_replicas: int) -> floa
     big = fleet_replicas(setup)
     best = {p.gpu_type: capacity_curve(setup, p.gpu_type, big, shared_queue=True)[-1] / big
             for p in setup.model_pools()}
-    ref_best = best[reference_gpu_type(setup)]
+    ref_best = best[setup.reference_gpu()]
     unit = plan.rps_per_replica or (plan.pools[0].rps_per_node / plan.pools[0].per_node)
     served_replicas = np.maximum(plan.demand_rps - plan.unserved_rps, 0.0) / unit
     need = np.minimum(mean, served_replicas * ref_best)

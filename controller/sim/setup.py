@@ -135,5 +135,11 @@ class SimSetup:
             return "requests" if len(w) <= self.options.max_requests else "fluid"
         return "requests" if w.head(self.span_s).expected_requests <= self.options.max_requests else "fluid"
 
+    def reference_gpu(self) -> str:
+        """The GPU type of the first on-prem pool (else of the model's first pool): what "N
+        replicas" means when scaling load to a peak and in the demand models."""
+        pools = self.model_pools()
+        return next((p.gpu_type for p in pools if p.tier.is_onprem), pools[0].gpu_type)
+
     def model_pools(self) -> list[PoolSpec]:
         return [self.pools[n] for n in self.model.pools]
