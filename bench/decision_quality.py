@@ -14,8 +14,11 @@ all starting from ``min_replicas`` ready on-prem):
 - the **hindsight plan** (``controller/sim/hindsight.py``): the cheapest schedule, solved as an
   integer program knowing the whole trace and the spot capacity, under the same bounds, budget,
   provisioning delays and cold starts, replayed like any controller; and the **relaxed bound**
-  (no delays, fractional replicas, mean rates). If any run reaches the plan's attainment for less
-  than the relaxed bound, the bound is wrong: the benchmark says so on stderr and exits 1.
+  (no delays, fractional replicas, mean rates, each replica at the most a pool of them sustains).
+  If any run reaches the plan's attainment for less than the relaxed bound, the bound is wrong:
+  the benchmark says so on stderr and exits 1. A run that reaches it for less than the plan is
+  noted on stderr (``plan_undercut`` in the JSON): the plan is cheapest for its demand model,
+  which is an approximation.
 
 Traces: the Azure code hour (training: its first 30 minutes; held-out: the second), the Azure
 Functions rate series (training: hours 0-200; held-out: hours 200-400; both scaled so the busiest
@@ -238,6 +241,12 @@ def assemble(case: Case, runs: list[dict[str, Any]]) -> dict[str, Any]:
         f"{r['controller']} {r['setting']}: {100 * r['attainment']:.2f} % for ${r['cost']:,.2f} < relaxed bound "
         f"${doc['relaxed_bound_cost']:,.2f}"
         for r in runs if r["attainment"] >= h["attainment"] and r["cost"] < doc["relaxed_bound_cost"] - 1e-6]
+    # The plan is the cheapest schedule for its demand model, which is an approximation: a run
+    # that reaches its attainment for less says how far (reported, not fatal).
+    under = sorted((r for r in runs if r["controller"] != "hindsight" and r["attainment"] >= h["attainment"]
+                    and r["cost"] < h["cost"]), key=lambda r: r["cost"])
+    doc["plan_undercut"] = [f"{r['controller']} {r['setting']}: {100 * r['attainment']:.2f} % for ${r['cost']:,.2f}"
+                            for r in under]
     return doc
 
 
@@ -465,6 +474,11 @@ def report(docs: list[dict[str, Any]], args: argparse.Namespace, wall: float | N
             ok = v["wall_s"] <= v["target_s"]
             print(f"  {'PASS' if ok else 'MISS'}  {k}: {v['wall_s']} s wall, {v['cpu_s']} s CPU (target {v['target_s']} s) "
                   + json.dumps({x: y for x, y in v.items() if x not in ('wall_s', 'cpu_s', 'target_s')}))
+    for d in docs:
+        if d.get("plan_undercut"):
+            print(f"decision_quality: note: {d['case']}: {len(d['plan_undercut'])} run(s) reach the hindsight plan's "
+                  f"{_pct(d['hindsight']['attainment'])} for less than its ${d['hindsight']['cost']:,.2f} "
+                  f"(cheapest: {d['plan_undercut'][0]})", file=sys.stderr)
     for v in violations:
         print(f"decision_quality: BOUND VIOLATED: {v}: the relaxed bound is wrong", file=sys.stderr)
     return 1 if violations else 0

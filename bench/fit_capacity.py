@@ -8,6 +8,10 @@ fluid model (``FluidReplicaModel.rate_at_slo``) over eight mixes with exponentia
 lengths, and how far the fit is from the model at each mix:
 
     python bench/fit_capacity.py [--profile controller/sim/profiles/llama3-70b-fp8.yaml] [--ttft-ms 1500] [--tpot-ms 100]
+        [--replicas N]
+
+``--replicas N``: fit what one replica sustains as one of ``N`` behind the gateway
+(``service.prefill_wait``; the default 1, a lone replica, is what the example fleet states).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default=str(Path(__file__).resolve().parents[1] / "controller/sim/profiles/llama3-70b-fp8.yaml"))
     ap.add_argument("--ttft-ms", type=float, default=1500.0)
     ap.add_argument("--tpot-ms", type=float, default=100.0)
+    ap.add_argument("--replicas", type=int, default=1, help="one of N replicas behind the gateway (default 1: alone)")
     args = ap.parse_args(argv)
     prof = load_profile(args.profile)
     for gpu, pr in prof.gpus.items():
@@ -41,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             o = np.maximum(1, rng.exponential(o_mean, 200))
             p *= p_mean / p.mean()
             o *= o_mean / o.mean()
-            rows.append((p_mean, o_mean, FluidReplicaModel(pr, TokenGrid(p, o)).rate_at_slo(args.ttft_ms / 1000, args.tpot_ms / 1000)))
+            rows.append((p_mean, o_mean, FluidReplicaModel(pr, TokenGrid(p, o)).rate_at_slo(
+                args.ttft_ms / 1000, args.tpot_ms / 1000, replicas=args.replicas)))
         a = np.array([[pm * r, om * r] for pm, om, r in rows])
         x, *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
         print(f"{gpu}: prefill_tokens_per_s {1 / x[0]:.0f}, decode_tokens_per_s {1 / x[1]:.0f}")

@@ -256,6 +256,113 @@ def learn(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning, planne
     return scale, evidence, new
 
 
+GPU_KEY = "gpus"
+"""Key of the per-GPU-type part of the learner's state: ``{gpu_type: {"scale", "hi", "hi_t"}}``."""
+
+_GPU_FIELDS = ("scale", "hi", "hi_t")
+"""What the learner keeps per GPU type; the rest (time, smoothed pressure, ready count, mix) is
+the fleet's."""
+
+
+def _gpu_fields(state: Mapping[str, Any], gpu: str) -> dict[str, Any]:
+    """The learner's fields for ``gpu``. A state from before the per-GPU learner (no ``gpus``)
+    holds one scale for the model: every GPU type starts from it. A GPU type the state does not
+    know yet starts from its profile."""
+    per = state.get(GPU_KEY)
+    if not isinstance(per, Mapping):
+        return {k: state[k] for k in _GPU_FIELDS if k in state}
+    own = per.get(gpu)
+    return {k: own[k] for k in _GPU_FIELDS if k in own} if isinstance(own, Mapping) else {}
+
+
+def learned_scale(state: Mapping[str, Any], gpu: str, cfg: CapacityLearning) -> float:
+    """The scale the state holds for ``gpu`` (within the configured bounds)."""
+    return min(max(_num(_gpu_fields(state, gpu), "scale", 1.0), cfg.min_scale), cfg.max_scale)
+
+
+def load_units_by_gpu(state: Mapping[str, Any], cfg: CapacityLearning, ready: Mapping[str, int],
+                      priors: Mapping[str, ReplicaCapacity], requests_per_s: float | None,
+                      output_tokens_per_s: float | None) -> dict[str, float | None]:
+    """Per GPU type with ready replicas, the load for :func:`learn_by_gpu`: the fleet's load over
+    what its ready replicas sustain by the current estimates (the larger of requests and output
+    tokens), given to each GPU type in proportion to its own scale. The signals are the model's,
+    summed over its pools, so one observation cannot tell which GPU type is the slow one: it moves
+    every GPU type present by the same factor and keeps the differences learned while each
+    served alone. On one GPU type it is the load per ready replica in units of its prior."""
+    n = sum(ready.values())
+    rel: float | None = None
+    for load, per in ((requests_per_s, lambda c: c.requests_per_s), (output_tokens_per_s, lambda c: c.output_tokens_per_s)):
+        if load is None:
+            continue
+        cap = sum(k * learned_scale(state, g, cfg) * per(priors[g]) for g, k in ready.items())
+        if cap > 0:
+            rel = max(rel or 0.0, load / cap)
+    return {g: None if rel is None else rel * learned_scale(state, g, cfg) * n for g in ready}
+
+
+def learn_by_gpu(state: Mapping[str, Any], obs: Observed, load_units: Mapping[str, float | None],
+                 cfg: CapacityLearning, planned_fraction: float) -> tuple[dict[str, float], str, dict[str, Any]]:
+    """Per GPU type: (scale, evidence, new state) of :func:`learn`, each GPU type with its own
+    scale and upper bound, so that a fleet on two GPU types of different speeds learns two
+    capacities. ``load_units[g]``: :func:`load_units_by_gpu`, for the GPU types with ready
+    replicas; the others keep what they learned. The pressure, its smoothing and the ready count
+    are the fleet's, shared."""
+    fleet = {k: v for k, v in state.items() if k not in _GPU_FIELDS and k != GPU_KEY}
+    known = state.get(GPU_KEY)
+    gpus = sorted(set(load_units) | (set(known) if isinstance(known, Mapping) else set()))
+    scales: dict[str, float] = {}
+    per: dict[str, dict[str, Any]] = {}
+    evidence: list[str] = []
+    new_fleet: dict[str, Any] | None = None
+    for gpu in gpus:
+        sub = {**fleet, **_gpu_fields(state, gpu)}
+        if gpu in load_units:
+            o = Observed(obs.now_s, load_units[gpu], obs.ready, obs.settled, obs.slack, obs.pressure)
+            scale, ev, new = learn(sub, o, cfg, planned_fraction)
+            new_fleet = new
+            evidence.append(f"{gpu}: {ev}")
+        else:  # no replica of it ready: nothing to learn about it this tick
+            scale, _, new = learn(sub, Observed(obs.now_s, None, 0, False), cfg, planned_fraction)
+        scales[gpu] = scale
+        per[gpu] = {k: new.get(k) for k in _GPU_FIELDS}
+    if new_fleet is None:  # no GPU type has evidence: the fleet's clock and pressure still move
+        scale, ev, new_fleet = learn(fleet, Observed(obs.now_s, None, obs.ready, obs.settled, obs.slack, obs.pressure),
+                                     cfg, planned_fraction)
+        evidence.append(ev)
+    out = {k: v for k, v in new_fleet.items() if k not in _GPU_FIELDS}
+    out[GPU_KEY] = per
+    return scales, _one_line(evidence), out
+
+
+def _one_line(evidence: list[str]) -> str:
+    """``H100: calm ...; H200: pressure ...``, or the evidence alone where every GPU type saw the
+    same (one GPU type, or several with the same profile)."""
+    plain = {e.split(": ", 1)[1] if ": " in e else e for e in evidence}
+    return plain.pop() if len(plain) == 1 else "; ".join(evidence)
+
+
+def weighted(caps: Mapping[str, ReplicaCapacity], weights: Mapping[str, float]) -> ReplicaCapacity:
+    """The weighted mean of per-GPU-type capacities (by replicas); prefill and decode tokens/s
+    average too when every capacity gives them."""
+    parts = [(caps[g], w) for g, w in weights.items() if g in caps and w > 0]
+    if not parts:
+        return next(iter(caps.values()))
+    if len(parts) == 1:
+        return parts[0][0]
+    total = sum(w for _, w in parts)
+
+    def mean(values: list[float | None]) -> float | None:
+        if any(v is None for v in values):
+            return None
+        return sum((v or 0.0) * w for v, (_, w) in zip(values, parts)) / total
+
+    out = mean([c.output_tokens_per_s for c, _ in parts])
+    req = mean([c.requests_per_s for c, _ in parts])
+    assert out is not None and req is not None
+    return ReplicaCapacity(out, req, mean([c.prefill_tokens_per_s for c, _ in parts]),
+                           mean([c.decode_tokens_per_s for c, _ in parts]))
+
+
 def shown(cap: ReplicaCapacity, prior: ReplicaCapacity, evidence: str) -> dict[str, Any]:
     """The values kept next to the learner's state for readers (``/v1/status``, the simulator)."""
     return {"tokens_per_s": cap.output_tokens_per_s, "req_per_s": cap.requests_per_s,
@@ -293,4 +400,12 @@ def status(decision: Decision | None) -> dict[str, Any] | None:
             "requests_per_s_per_replica": _num(st, "req_per_s", 0.0),
             "profile_output_tokens_per_s_per_replica": _num(st, "profile_tokens_per_s", 0.0),
             "profile_requests_per_s_per_replica": _num(st, "profile_req_per_s", 0.0), "scale": _num(st, "scale", 1.0),
-            "evidence": str(st.get("evidence", "")), "text": text}
+            "scale_per_gpu_type": gpu_scales(st), "evidence": str(st.get("evidence", "")), "text": text}
+
+
+def gpu_scales(state: Mapping[str, Any]) -> dict[str, float]:
+    """The correction learned per GPU type (empty for a state from before the per-GPU learner)."""
+    per = state.get(GPU_KEY)
+    if not isinstance(per, Mapping):
+        return {}
+    return {str(g): _num(v, "scale", 1.0) for g, v in per.items() if isinstance(v, Mapping)}

@@ -122,69 +122,36 @@ def _slo_targets(spec: PolicySpec) -> SLOTargets:
                       ttft_p99_ms=slo.ttft_p99_ms)
 
 
-def _weighted_capacity(
-    model: ModelSpec, pools: Mapping[str, PoolSpec], current: Mapping[str, int]
-) -> ReplicaCapacity | None:
-    """Replica-weighted mean capacity over the GPU types now holding replicas; ``None`` if none do.
-    Prefill and decode tokens/s average too, when every GPU type present gives them."""
-    weight = 0
-    tokens = requests = prefill = decode = 0.0
-    mix_free = True
-    for name, replicas in current.items():
-        spec = pools.get(name)
-        cap = None if replicas <= 0 or spec is None else model.capacity.get(spec.gpu_type)
-        if cap is None:
-            continue
-        weight += replicas
-        tokens += replicas * cap.output_tokens_per_s
-        requests += replicas * cap.requests_per_s
-        if cap.prefill_tokens_per_s is None or cap.decode_tokens_per_s is None:
-            mix_free = False
-        else:
-            prefill += replicas * cap.prefill_tokens_per_s
-            decode += replicas * cap.decode_tokens_per_s
-    if not weight:
-        return None
-    if len(model.capacity) == 1:
-        return next(iter(model.capacity.values()))
-    if not mix_free:
-        return ReplicaCapacity(tokens / weight, requests / weight)
-    return ReplicaCapacity(tokens / weight, requests / weight, prefill / weight, decode / weight)
-
-
-def _profile_capacity(
+def _capacity_weights(
     model: ModelSpec,
     pools: Mapping[str, PoolSpec],
     signals: ModelSignals,
     current: Mapping[str, int],
     policy: EffectivePolicy,
-) -> ReplicaCapacity | None:
-    """The bundle's capacity: replica-weighted mean over the GPU types now holding replicas; with
-    no replicas, the capacity on the GPU type of the pool the first replica would go to."""
-    if not model.capacity:
-        return None
-    weighted = _weighted_capacity(model, pools, current)
-    if weighted is not None:
-        return weighted
+) -> dict[str, float]:
+    """Replicas per GPU type (of those the bundle gives a capacity for) now placed; with none
+    placed, the GPU type of the pool the first replica would go to."""
+    weights: dict[str, float] = {}
+    for name, replicas in current.items():
+        spec = pools.get(name)
+        if replicas > 0 and spec is not None and spec.gpu_type in model.capacity:
+            weights[spec.gpu_type] = weights.get(spec.gpu_type, 0.0) + replicas
+    if weights:
+        return weights
     first = preferred_pool(model, pools, signals.pools, policy.spec.placement)
-    cap = None if first is None else model.capacity.get(pools[first].gpu_type)
-    if cap is not None:
-        return cap
-    for gpu in model.gpu_types:
-        if gpu in model.capacity:
-            return model.capacity[gpu]
-    return next(iter(model.capacity.values()))
+    if first is not None and pools[first].gpu_type in model.capacity:
+        return {pools[first].gpu_type: 1.0}
+    return {next((g for g in model.gpu_types if g in model.capacity), next(iter(model.capacity))): 1.0}
 
 
-def _load_units(signals: ModelSignals, prior: ReplicaCapacity, now: datetime, max_age_s: float) -> float | None:
-    """The load in replicas of the prior's capacity: the larger of requests and output tokens."""
-    units = None
-    for sample, per in ((signals.request_rate_per_s, prior.requests_per_s),
-                        (signals.output_tokens_per_s, prior.output_tokens_per_s)):
-        v = sample.fresh(now, max_age_s)
-        if v is not None and per > 0:
-            units = max(units or 0.0, v / per)
-    return units
+def _ready_by_gpu(model: ModelSpec, pools: Mapping[str, PoolSpec], signals: ModelSignals) -> dict[str, int]:
+    """Ready replicas per GPU type (of those the bundle gives a capacity for)."""
+    out: dict[str, int] = {}
+    for name, st in signals.pools.items():
+        spec = pools.get(name)
+        if spec is not None and spec.gpu_type in model.capacity and (st.ready_replicas or 0) > 0:
+            out[spec.gpu_type] = out.get(spec.gpu_type, 0) + (st.ready_replicas or 0)
+    return out
 
 
 def _capacity(
@@ -197,9 +164,9 @@ def _capacity(
     now: datetime,
 ) -> learned_capacity.Learned | None:
     """The per-replica capacity for the served token mix, corrected by what ready replicas
-    sustain (``controller.core.capacity``); ``None`` if the bundle declares none."""
-    base = _profile_capacity(model, pools, signals, current, policy)
-    if base is None:
+    sustain (``controller.core.capacity``), learned per GPU type and averaged over the GPU types
+    the placement holds by their replicas; ``None`` if the bundle declares none."""
+    if not model.capacity:
         return None
     spec = policy.spec
     max_age_s = spec.missing_data.max_signal_age_s
@@ -207,15 +174,26 @@ def _capacity(
     c = spec.capacity
     mix = learned_capacity.smoothed_mix(state, learned_capacity.observed_mix(signals, now, max_age_s),
                                         now.timestamp(), c.mix_tau_s)
-    prior = learned_capacity.for_mix(base, mix)
+    weights = _capacity_weights(model, pools, signals, current, policy)
+    ready_gpus = _ready_by_gpu(model, pools, signals)
+    priors = {g: learned_capacity.for_mix(model.capacity[g], mix) for g in set(weights) | set(ready_gpus)}
     ready, total = signals.ready_replicas, sum(current.values())
     obs = learned_capacity.Observed(
-        now_s=now.timestamp(), load_units=_load_units(signals, prior, now, max_age_s), ready=ready or 0,
+        now_s=now.timestamp(), load_units=None, ready=ready or 0,
         settled=ready is not None and ready >= total > 0, slack=int(spec.behavior.tolerance * (ready or 0)),
         pressure=_pressure(signals, spec, ready, now, max_age_s))
-    c = spec.capacity
-    scale, evidence, new_state = learned_capacity.learn(state, obs, c, _planned_fraction(policy))
-    cap = learned_capacity.for_mix(base, mix, scale)
+    units = learned_capacity.load_units_by_gpu(state, c, ready_gpus, priors,
+                                               signals.request_rate_per_s.fresh(now, max_age_s),
+                                               signals.output_tokens_per_s.fresh(now, max_age_s))
+    scales, evidence, new_state = learned_capacity.learn_by_gpu(state, obs, units, c, _planned_fraction(policy))
+    caps = {g: learned_capacity.for_mix(model.capacity[g], mix, scales.get(g, 1.0)) for g in weights}
+    cap = learned_capacity.weighted(caps, weights)
+    prior = learned_capacity.weighted(priors, weights)
+    # the placement's correction as one number, for readers (replay, status): learned over profile
+    # (on one GPU type its own scale; each GPU type's is under "gpus")
+    scale = (cap.output_tokens_per_s / prior.output_tokens_per_s if prior.output_tokens_per_s > 0
+             else scales.get(next(iter(weights)), 1.0))
+    new_state["scale"] = scale
     new_state.update(learned_capacity.shown(cap, prior, evidence))
     if mix is not None:
         new_state["mix"] = (now.timestamp(), mix.prompt_tokens, mix.output_tokens)

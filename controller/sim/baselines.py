@@ -573,14 +573,14 @@ def work_per_bin(setup: SimSetup, g: float, n: int) -> np.ndarray:
     return rate_profile(w, g, n * g) * g
 
 
-def burst_demand(setup: SimSetup, interval_s: float, *, window_s: float = 60.0,
+def demand_parts(setup: SimSetup, interval_s: float, *, window_s: float = 60.0,
                  burst_windows_s: Sequence[float] = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0), fine_s: float = 1.0,
-                 burst_utilization: float = 0.6) -> np.ndarray:
-    """The capacity each interval of ``interval_s`` seconds needs, in requests/s at the SLO on the
-    reference (first on-prem) GPU type: the larger of the next minute's arrival rate and, for every
-    burst window ``W`` starting in the interval, the work arriving in ``W`` done within ``W`` plus
-    the TTFT target at ``burst_utilization`` of a replica's maximum rate (see ``OracleController``).
-    Intervals ``ceil(span / interval_s) + 2`` (the last two past the end)."""
+                 burst_utilization: float = 0.6) -> tuple[np.ndarray, np.ndarray]:
+    """The two parts of :func:`burst_demand`, per interval of ``interval_s`` seconds: the next
+    minute's arrival rate (requests/s, each weighted by its prefill work) and the reference
+    (first on-prem) GPU type's replicas that absorb every burst window ``W`` starting in the
+    interval within ``W`` plus the TTFT target at ``burst_utilization`` of a replica's maximum
+    rate. Intervals ``ceil(span / interval_s) + 2`` (the last two past the end)."""
     g = interval_s
     n = int(math.ceil(setup.span_s / g)) + 2
     # demand on a fine grid (bursts shorter than a tick matter), then the max over each tick
@@ -596,19 +596,31 @@ def burst_demand(setup: SimSetup, interval_s: float, *, window_s: float = 60.0,
 
     per = max(1, int(round(window_s / fine)))
     sustained = arrivals(per) / (per * fine)                  # requests/s over the next minute
-    pools = setup.model_pools()
-    ref = next((p.gpu_type for p in pools if p.tier.is_onprem), pools[0].gpu_type)
-    r_slo_ref = setup.rate_at_slo(ref)
-    r_max_ref = setup.fluid_model(ref).max_rate_per_s
+    r_max_ref = setup.fluid_model(setup.reference_gpu()).max_rate_per_s
     burst = np.zeros(nf)
-    if r_slo_ref > 0 and r_max_ref > 0:
+    if r_max_ref > 0:
         ttft = setup.slo.ttft_s
         for wsec in burst_windows_s:
             k = max(1, int(round(wsec / fine)))
             need_rate = arrivals(k) / (k * fine + ttft)        # requests/s to finish the burst in time
             burst = np.maximum(burst, need_rate)
-        burst *= r_slo_ref / (burst_utilization * r_max_ref)  # in units of the SLO-rate demand
-    return np.maximum(sustained, burst).reshape(n, sub).max(axis=1)
+        burst /= burst_utilization * r_max_ref                # replicas
+    return sustained.reshape(n, sub).max(axis=1), burst.reshape(n, sub).max(axis=1)
+
+
+def burst_demand(setup: SimSetup, interval_s: float, *, window_s: float = 60.0,
+                 burst_windows_s: Sequence[float] = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0), fine_s: float = 1.0,
+                 burst_utilization: float = 0.6) -> np.ndarray:
+    """The capacity each interval of ``interval_s`` seconds needs, in requests/s at the SLO on the
+    reference (first on-prem) GPU type, one replica on its own (``SimSetup.rate_at_slo``): the
+    larger of the next minute's arrival rate and the burst replicas of :func:`demand_parts` at
+    that rate (see ``OracleController``). Intervals ``ceil(span / interval_s) + 2``."""
+    sustained, burst = demand_parts(setup, interval_s, window_s=window_s, burst_windows_s=burst_windows_s,
+                                    fine_s=fine_s, burst_utilization=burst_utilization)
+    r_slo_ref = setup.rate_at_slo(setup.reference_gpu())
+    if r_slo_ref <= 0:
+        return sustained
+    return np.maximum(sustained, burst * r_slo_ref)
 
 
 class OracleController(Baseline):

@@ -247,7 +247,7 @@ class Simulation(Reporting):
         else:
             rates = w.head(horizon).rate_per_s
             rate = float(rates.max()) if len(rates) else 0.0
-        ref = self._reference_gpu()
+        ref = self.setup.reference_gpu()
         per = self.setup.rate_at_slo(ref)
         if rate <= 0:
             return 0
@@ -260,12 +260,6 @@ class Simulation(Reporting):
                 out[name] = min(replicas, pool.spec.max_nodes * pool.per_node)
                 replicas -= out[name]
         return out
-
-    def _reference_gpu(self) -> str:
-        for spec in self.setup.model_pools():
-            if spec.tier.is_onprem:
-                return spec.gpu_type
-        return self.setup.model_pools()[0].gpu_type
 
     def _start(self) -> None:
         for pool in self.pools.values():

@@ -15,12 +15,17 @@ spot capacity over time and the fleet, under:
   interval (so no launch fails and nothing held is reclaimed);
 - the same initial state as every controller: ``min_replicas`` ready on-prem at t = 0.
 
-What "serves the interval within the SLO" means is the demand model of ``baselines.burst_demand``
-(the next minute's rate and every 1-60 s burst absorbed within the TTFT target, in requests/s at
-the SLO); each pool's node serves ``replicas_per_node x rate_at_slo(gpu)`` of it. Demand the fleet
-cannot serve under the bounds, budget and leads is left unserved at a penalty (``unserved_rps``), so
-the program is always feasible. Nodes are the integer unit: a node that is paid for holds all the
-replicas it fits (they cost nothing more), subject to ``max_replicas``.
+What "serves the interval within the SLO" means is the demand model of ``baselines.demand_parts``:
+the replicas that sustain the next minute's rate at the SLO, and those that absorb every 1-60 s
+burst within the TTFT target, whichever is more (:func:`demand_replicas`). Replicas that serve
+together behind the gateway sustain more each than a lone one (a request waits only when all are
+busy: ``service.prefill_wait``), so the replicas for a rate come from the pooled capacity curve
+(:func:`capacity_curve`; in the engine's fluid mode, where each replica serves on its own, the
+lone replica's rate). Each pool's node counts ``replicas_per_node`` replicas at its GPU type's rate
+in a pool the size of the plan's peak. Demand the fleet cannot serve under the bounds, budget and
+leads is left unserved at a penalty (``unserved_rps``), so the program is always feasible. Nodes
+are the integer unit: a node that is paid for holds all the replicas it fits (they cost nothing
+more), subject to ``max_replicas``.
 
 Long traces are solved in chunks (``chunk_intervals``, with a look-ahead overlap) carrying the held
 nodes and the orders still in flight across each boundary; each chunk is solved to the MIP gap
@@ -29,10 +34,15 @@ nodes and the orders still in flight across each boundary; each chunk is solved 
 
 The **relaxed bound** (:func:`relaxed_bound_usd`) drops every delay and the node granularity: per
 interval, the arrivals' mean rate (no burst allowance, at most what the plan serves) covered at the
-cheapest prices available then (fractional replicas, spot within its trace), and at least
-``min_replicas`` replicas at the cheapest replica prices. It is below the plan's cost by
-construction; no run should reach the plan's attainment for less (``bench/decision_quality.py``
-checks every run and fails loudly if one does: the bound would be wrong).
+cheapest prices available then (fractional replicas, spot within its trace), each replica at the
+most it sustains at the SLO in the largest pool the fleet holds with one shared queue (no routing
+waits less), and at least ``min_replicas`` replicas at the cheapest replica prices. It is below
+the plan's cost by construction; no run should reach the plan's attainment for less
+(``bench/decision_quality.py`` checks every run and fails loudly if one does: the bound would be
+wrong). Before the capacity was pooled, each replica counted as a lone one (its own M/G/1 prefill
+queue): on 4-12k-token prompts that is ~0.1 req/s where one of four behind the gateway sustains
+~0.55, so the plan bought four times the replicas and the bound sat above runs that kept the SLO
+on four.
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ import numpy as np
 
 from controller.core.model import ModelSpec
 from controller.core.pricing import S_PER_HOUR, pool_price
-from controller.sim.baselines import OracleController, burst_demand
+from controller.sim.baselines import OracleController, demand_parts
 from controller.sim.engine import Baseline, Observation, SimSetup
 from controller.sim.workload import rate_profile
 
@@ -57,7 +67,8 @@ class PlanPool:
     name: str
     per_node: int
     rps_per_node: float
-    """Requests/s at the SLO one full node serves."""
+    """Requests/s at the SLO one full node serves, its replicas counted at the per-replica rate
+    of a pool of the plan's size (:func:`capacity_curve`)."""
     usd_per_interval: float
     """Price of one node held for one interval."""
     lead: int
@@ -82,6 +93,9 @@ class Plan:
     """The program's cost (nodes held x price), over the span."""
     status: list[str] = field(default_factory=list)
     """HiGHS's message per chunk."""
+    rps_per_replica: float = 0.0
+    """Requests/s one reference replica counts for in ``demand_rps`` and the pools'
+    ``rps_per_node`` (the per-replica rate at the SLO in a pool of the plan's peak size)."""
 
     def replicas_at(self, t_s: float) -> dict[str, int]:
         i = min(int(t_s // self.interval_s), len(self.demand_rps) - 1)
@@ -94,7 +108,54 @@ def default_interval_s(span_s: float) -> float:
     return 15.0 if span_s <= 7200.0 else 60.0
 
 
-def plan_pools(setup: SimSetup, interval_s: float, n: int, min_replicas: int, tick_s: float) -> list[PlanPool]:
+def fleet_replicas(setup: SimSetup) -> int:
+    """The most replicas the model's pools hold together."""
+    return max(1, sum(p.max_replicas(setup.model) for p in setup.model_pools()))
+
+
+def pooled(setup: SimSetup) -> bool:
+    """Whether replicas serve together behind the gateway in this run (request by request), so
+    that a replica in a pool sustains more at the SLO than one on its own; in the engine's fluid
+    mode every replica serves its share of the flow on its own (``FluidReplicaModel.steady`` for
+    one replica), and the plan counts capacity the same way."""
+    return setup.engine_mode() == "requests"
+
+
+def capacity_curve(setup: SimSetup, gpu: str, n_max: int, *, shared_queue: bool = False) -> np.ndarray:
+    """``curve[k]``: requests/s that ``k`` replicas on ``gpu`` sustain together at the SLO,
+    ``k = 0 .. n_max`` (``SimSetup.pool_rate_at_slo``; each replica on its own in fluid mode)."""
+    if not pooled(setup):
+        return np.arange(n_max + 1) * setup.rate_at_slo(gpu)
+    return np.array([0.0] + [k * setup.pool_rate_at_slo(gpu, k, shared_queue) for k in range(1, n_max + 1)])
+
+
+def replicas_for(rate_rps: np.ndarray, curve: np.ndarray) -> np.ndarray:
+    """Replicas (fractional: interpolated between whole counts; past the curve's end at its last
+    per-replica rate) that sustain ``rate_rps`` at the SLO, from :func:`capacity_curve`."""
+    x = np.maximum(np.asarray(rate_rps, dtype=np.float64), 0.0)
+    n_max = len(curve) - 1
+    last = curve[-1] / n_max if n_max > 0 else 0.0
+    if last <= 0:
+        return np.where(x > 0, np.inf, 0.0)
+    k = np.clip(np.searchsorted(curve, x, side="left"), 1, n_max)
+    lo, hi = curve[k - 1], curve[k]
+    inside = (k - 1) + np.where(hi > lo, (x - lo) / np.maximum(hi - lo, 1e-12), 0.0)
+    return np.where(x > curve[-1], n_max + (x - curve[-1]) / last, inside)
+
+
+def demand_replicas(setup: SimSetup, interval_s: float) -> np.ndarray:
+    """Reference replicas each interval needs: the larger of the replicas that sustain the next
+    minute's rate at the SLO together (:func:`capacity_curve`) and those that absorb its bursts
+    (``baselines.demand_parts``)."""
+    sustained, burst = demand_parts(setup, interval_s)
+    curve = capacity_curve(setup, setup.reference_gpu(), fleet_replicas(setup))
+    return np.maximum(replicas_for(sustained, curve), burst)
+
+
+def plan_pools(setup: SimSetup, interval_s: float, n: int, min_replicas: int, tick_s: float,
+               pool_size: int = 1) -> list[PlanPool]:
+    """The pools as the program sees them, each replica counted at the rate at the SLO of one of
+    ``pool_size`` replicas (:func:`capacity_curve`)."""
     model: ModelSpec = setup.model
     t = np.arange(n) * interval_s
     out: list[PlanPool] = []
@@ -119,7 +180,8 @@ def plan_pools(setup: SimSetup, interval_s: float, n: int, min_replicas: int, ti
         if spec.tier.is_onprem and left > 0:
             init_rep = min(left, spec.max_nodes * per_node)
             left -= init_rep
-        out.append(PlanPool(spec.name, per_node, per_node * setup.rate_at_slo(spec.gpu_type),
+        rate = capacity_curve(setup, spec.gpu_type, pool_size)[-1] / pool_size
+        out.append(PlanPool(spec.name, per_node, per_node * rate,
                             pool_price(spec, None) * interval_s / S_PER_HOUR, max(1, lead), cap,
                             -(-init_rep // per_node), init_rep))
     return out
@@ -210,14 +272,25 @@ def solve_plan(setup: SimSetup, *, min_replicas: int, max_replicas: int, max_cos
                interval_s: float | None = None, tick_s: float = 5.0, chunk_intervals: int = 720,
                overlap_intervals: int = 120, mip_rel_gap: float = 1e-4, time_limit_s: float = 120.0,
                demand_rps: np.ndarray | None = None) -> Plan:
-    """The cheapest schedule (see the module doc). ``demand_rps``: requests/s at the SLO on the
-    reference GPU per interval (default: :func:`baselines.burst_demand`)."""
+    """The cheapest schedule (see the module doc). ``demand_rps``: reference replicas' worth of
+    requests/s at the SLO per interval, one replica on its own (default: :func:`demand_replicas`)."""
     g = interval_s or default_interval_s(setup.span_s)
-    demand = burst_demand(setup, g) if demand_rps is None else np.asarray(demand_rps, dtype=np.float64)
-    n = len(demand)
-    pools = plan_pools(setup, g, n, min_replicas, tick_s)
+    ref = setup.reference_gpu()
+    if demand_rps is None:
+        need = demand_replicas(setup, g)
+    else:
+        r1 = setup.rate_at_slo(ref)
+        need = np.asarray(demand_rps, dtype=np.float64) / r1 if r1 > 0 else np.zeros(len(demand_rps))
+    n = len(need)
+    # Every pool's replicas count at the per-replica rate of a pool the size of the peak need (in
+    # the bounds): the program stays linear, and the rates only weigh GPU types against each other.
+    peak = float(np.nan_to_num(need, posinf=float(fleet_replicas(setup))).max(initial=1.0))
+    size = int(min(max(1.0, math.ceil(peak - 1e-9)), max(max_replicas, 1), fleet_replicas(setup)))
+    pools = plan_pools(setup, g, n, min_replicas, tick_s, size)
     if not pools:
         raise ValueError("hindsight plan: no pool can host the model")
+    unit = capacity_curve(setup, ref, size)[-1] / size
+    demand = need * unit
     budget = None if max_cost_per_hour_usd is None else max_cost_per_hour_usd * g / S_PER_HOUR
     nodes, orders, unserved, status = schedule(pools, demand, min_replicas=min_replicas, max_replicas=max_replicas,
                                                budget_per_interval=budget, chunk_intervals=chunk_intervals,
@@ -228,7 +301,7 @@ def solve_plan(setup: SimSetup, *, min_replicas: int, max_replicas: int, max_cos
     span_n = setup.span_s / g
     weights = np.clip(span_n - np.arange(n), 0.0, 1.0)
     cost = float(sum((nodes[p.name] * weights).sum() * p.usd_per_interval for p in pools))
-    return Plan(g, pools, nodes, ready, demand, unserved, cost, status)
+    return Plan(g, pools, nodes, ready, demand, unserved, cost, status, unit)
 
 
 def unserved_penalty(pools: list[PlanPool]) -> float:
@@ -279,9 +352,10 @@ def ready_nodes(held: np.ndarray, orders: np.ndarray, pool: PlanPool) -> np.ndar
 
 
 def relaxed_bound_usd(setup: SimSetup, plan: Plan, *, min_replicas: int) -> float:
-    """The relaxed lower bound (module doc): per interval, the mean arrival rate (capped at the
-    plan's demand and at what the plan serves) at the cheapest fractional prices available then,
-    and at least ``min_replicas`` replicas at the cheapest replica prices; no delays."""
+    """The relaxed lower bound (module doc): per interval, the mean arrival rate (capped at what
+    the plan serves) at the cheapest fractional prices available then, each replica counted at the
+    most it sustains at the SLO in any pool the fleet can hold (one queue for all: no routing does
+    better), and at least ``min_replicas`` replicas at the cheapest replica prices; no delays."""
     g = plan.interval_s
     n = len(plan.demand_rps)
     span_n = setup.span_s / g
@@ -289,15 +363,22 @@ def relaxed_bound_usd(setup: SimSetup, plan: Plan, *, min_replicas: int) -> floa
     mean = rate_profile(setup.workload, g, n * g)[:n]
     if len(mean) < n:
         mean = np.concatenate([mean, np.zeros(n - len(mean))])
-    served = np.maximum(plan.demand_rps - plan.unserved_rps, 0.0)
-    need = np.minimum(np.minimum(mean, plan.demand_rps), served)
-    by_rps = sorted(plan.pools, key=lambda p: p.usd_per_interval / p.rps_per_node)
+    big = fleet_replicas(setup)
+    best = {p.gpu_type: capacity_curve(setup, p.gpu_type, big, shared_queue=True)[-1] / big
+            for p in setup.model_pools()}
+    ref_best = best[setup.reference_gpu()]
+    unit = plan.rps_per_replica or (plan.pools[0].rps_per_node / plan.pools[0].per_node)
+    served_replicas = np.maximum(plan.demand_rps - plan.unserved_rps, 0.0) / unit
+    need = np.minimum(mean, served_replicas * ref_best)
+    rps_per_node = {p.name: p.per_node * best[setup.pools[p.name].gpu_type] for p in plan.pools}
+    by_rps = sorted((p for p in plan.pools if rps_per_node[p.name] > 0),
+                    key=lambda p: p.usd_per_interval / rps_per_node[p.name])
     left = need.copy()
     cost = np.zeros(n)
     for p in by_rps:
-        cap_rps = p.cap_nodes.astype(np.float64) * p.rps_per_node
+        cap_rps = p.cap_nodes.astype(np.float64) * rps_per_node[p.name]
         take = np.minimum(left, cap_rps)
-        cost += take / p.rps_per_node * p.usd_per_interval
+        cost += take / rps_per_node[p.name] * p.usd_per_interval
         left -= take
     by_rep = sorted(plan.pools, key=lambda p: p.usd_per_interval / p.per_node)
     rep_left = np.full(n, float(min_replicas))

@@ -191,15 +191,6 @@ def slo_from_policy(policy: EffectivePolicy | None, ttft_ms: float | None, tpot_
     return SloTargets(ttft / 1000.0, tpot / 1000.0)
 
 
-def reference_gpu(model: ModelSpec, pools: dict[str, PoolSpec]) -> str:
-    """The GPU type of the first on-prem pool (else of the model's first pool): what "N replicas"
-    means when scaling load to a peak."""
-    for n in model.pools:
-        if pools[n].tier.is_onprem:
-            return pools[n].gpu_type
-    return pools[model.pools[0]].gpu_type
-
-
 def build_scenario(*, fleet: str | Path, trace: str | Path, fmt: str, policy: str | Path | None = None,
                    model: str | None = None, profile: str | Path | None = None, token_trace: str | Path | None = None,
                    rate_bin_s: float = 60.0, time_scale: float = 1.0, load_scale: float | None = None,
@@ -229,7 +220,7 @@ def build_scenario(*, fleet: str | Path, trace: str | Path, fmt: str, policy: st
     if peak_replicas is not None and load_scale is not None:
         raise ScenarioError("give --load-scale or --peak-replicas, not both")
     if peak_replicas is not None:
-        ref = reference_gpu(mspec, pools)
+        ref = setup.reference_gpu()
         per = setup.rate_at_slo(ref)
         # "The peak" is the busiest one-minute rate: the per-replica rate at the SLO is a sustained
         # rate, a minute is the finest bin the rate series have (so both formats scale alike), and

@@ -11,7 +11,7 @@ from controller.core.model import ModelSpec, PoolSpec
 from controller.sim.prices import SpotPriceWalk
 from controller.sim.service import FluidReplicaModel, ReplicaProfile, TokenGrid
 from controller.sim.spot import SpotModel
-from controller.sim.workload import RateSeries, Workload
+from controller.sim.workload import RateSeries, RequestTrace, Workload
 
 DEFAULT_EPOCH = datetime(2024, 1, 1, tzinfo=timezone.utc)
 """Simulated time 0 when the workload has no date of its own (a Monday, 00:00 UTC)."""
@@ -79,6 +79,7 @@ class SimSetup:
     """Live spot prices per pool (the pool states report them and billing uses them); pools
     without one bill and report their static price."""
     _fluid: dict[str, FluidReplicaModel] = field(default_factory=dict, repr=False)
+    _pooled: dict[tuple[str, int, bool], float] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for name in self.model.pools:
@@ -110,6 +111,35 @@ class SimSetup:
     def rate_at_slo(self, gpu: str) -> float:
         """Requests/s one replica on ``gpu`` sustains at the SLO (99 % attainment) for this mix."""
         return self.fluid_model(gpu).rate_at_slo(self.slo.ttft_s, self.slo.tpot_s)
+
+    def pool_rate_at_slo(self, gpu: str, replicas: int, shared_queue: bool = False) -> float:
+        """Requests/s one replica on ``gpu`` sustains at the SLO as one of ``replicas`` serving
+        together behind the gateway (``service.prefill_wait``); ``shared_queue``: with one queue
+        for all, the most any routing gets. Memoized."""
+        key = (gpu, int(replicas), shared_queue)
+        r = self._pooled.get(key)
+        if r is None:
+            r = self.fluid_model(gpu).rate_at_slo(self.slo.ttft_s, self.slo.tpot_s, replicas=int(replicas),
+                                                  shared_queue=shared_queue)
+            self._pooled[key] = r
+        return r
+
+    def engine_mode(self) -> Literal["requests", "fluid"]:
+        """How the engine serves this run: request by request (``service.Replica`` behind the
+        gateway) or as flows (``service.FluidReplicaModel``, each replica on its own)."""
+        mode = self.options.mode
+        if mode != "auto":
+            return mode
+        w = self.workload
+        if isinstance(w, RequestTrace):
+            return "requests" if len(w) <= self.options.max_requests else "fluid"
+        return "requests" if w.head(self.span_s).expected_requests <= self.options.max_requests else "fluid"
+
+    def reference_gpu(self) -> str:
+        """The GPU type of the first on-prem pool (else of the model's first pool): what "N
+        replicas" means when scaling load to a peak and in the demand models."""
+        pools = self.model_pools()
+        return next((p.gpu_type for p in pools if p.tier.is_onprem), pools[0].gpu_type)
 
     def model_pools(self) -> list[PoolSpec]:
         return [self.pools[n] for n in self.model.pools]

@@ -157,13 +157,7 @@ class SimState:
 
 
     def _pick_mode(self) -> str:
-        mode = self.opt.mode
-        if mode != "auto":
-            return mode
-        w = self.setup.workload
-        if isinstance(w, RequestTrace):
-            return "requests" if len(w) <= self.opt.max_requests else "fluid"
-        return "requests" if w.head(self.end_s).expected_requests <= self.opt.max_requests else "fluid"
+        return self.setup.engine_mode()
 
 
     @staticmethod

@@ -68,14 +68,27 @@ def step_trace(t0_s: float, end_s: float, rate_before: float, rate_after: float,
     return RequestTrace("step", t, p, o)
 
 
+def long_prompt_trace(rate_per_s: float, seconds: float, seed: int = 3) -> RequestTrace:
+    """Poisson arrivals of 4-12k-token prompts with 5-40-token answers (log-uniform, like the
+    ``long-prompts`` adversarial trace): prefill bound, one prompt takes 0.3-1.2 s of a 1.5 s TTFT."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.poisson(rate_per_s * seconds))
+    t = np.sort(rng.random(n) * seconds)
+    p = np.exp(rng.uniform(np.log(4000.0), np.log(12000.0), n)).astype(np.int64)
+    o = np.exp(rng.uniform(np.log(5.0), np.log(40.0), n)).astype(np.int64)
+    return RequestTrace("long-prompts", t, p, o)
+
+
 def setup(workload: RateSeries | RequestTrace, *, pool_specs: dict[str, PoolSpec] | None = None,
           spot: dict[str, SpotModel] | None = None, seed: int = 0, mode: str = "auto",
-          duration_s: float | None = None, cold_start_s: float = 60.0, **opts: object) -> SimSetup:
+          duration_s: float | None = None, cold_start_s: float = 60.0, own_mix: bool = False,
+          **opts: object) -> SimSetup:
+    """``own_mix``: the fluid model's token mix from ``workload`` (default: TOKENS's)."""
     ps = pool_specs or pools()
     return SimSetup(model=model(tuple(ps), cold_start_s), pools=ps, profiles={"H100": PROFILE.gpus["H100"]},
                     workload=workload, slo=SLO_T, spot=spot or {}, seed=seed,
                     options=EngineOptions(mode=mode, progress=False, **opts),  # type: ignore[arg-type]
-                    duration_s=duration_s, grid=grid())
+                    duration_s=duration_s, grid=None if own_mix else grid())
 
 
 def policy(min_replicas: int = 1, max_replicas: int = 16, learn: bool = True, **slo_guard: object) -> EffectivePolicy:

@@ -16,7 +16,18 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.core.capacity import Mix, Observed, for_mix, learn, smoothed_mix
+from controller.core.capacity import (
+    Mix,
+    Observed,
+    for_mix,
+    gpu_scales,
+    learn,
+    learn_by_gpu,
+    learned_scale,
+    load_units_by_gpu,
+    smoothed_mix,
+    weighted,
+)
 from controller.core.model import ReplicaCapacity
 from controller.core.spec import CapacityLearning
 from controller.sim.cli import simulate_main
@@ -211,16 +222,80 @@ def test_an_optimistic_profile_is_corrected_within_ten_minutes(world: dict[str, 
 
 def test_a_pessimistic_profile_is_raised_and_the_fleet_shrinks_to_the_right_size(
         world: dict[str, object], capsys: pytest.CaptureFixture[str]) -> None:
-    """Warm start: from one replica the backlog of the first minute scales the fleet to its
-    maximum, and the upward probe (15 % a minute, paused while the fleet follows each step down)
-    only begins once that fleet has shrunk, about four minutes in: from a cold start the learned
-    value reaches about 82 % of the true one at 10 minutes (the README's known limit)."""
+    """Warm start (the fleet ready at the size the true capacity gives): the upward probe (15 % a
+    minute, paused while the fleet follows each step down) raises a 2 x pessimistic profile to
+    within 15 % of the true capacity within 10 minutes (measured: 1.03 x at 565 s, 1.08 x at
+    615 s), and the fleet is then within one replica of the right profile's."""
     cap, timeline, true_tok = _run(world, 0.5, capsys, warm=True)
     right_cap, right_timeline, _ = _run(world, 1.0, capsys, warm=True)
     assert cap["log"][0][1] == pytest.approx(0.5 * true_tok, rel=0.02)
-    # within 10 minutes the learned capacity reaches at least 85 % of the true one (it may probe
-    # above it where the fleet meets the SLO anyway: see the README's learned-capacity section)
-    assert _at(cap["log"], 600.0) >= 0.85 * true_tok
+    assert 0.85 * true_tok <= _at(cap["log"], 600.0) <= 1.15 * true_tok
     right = max(_desired(right_timeline, 540, 660))
     assert all(abs(n - right) <= 1 for n in _desired(timeline, 600, 660)), (_desired(timeline, 600, 660), right)
     assert not math.isnan(cap["scale"])
+
+
+def test_a_pessimistic_profile_from_a_cold_start_is_still_short_at_ten_minutes(
+        world: dict[str, object], capsys: pytest.CaptureFixture[str]) -> None:
+    """The known limit (README, "Learned capacity"): from one replica the backlog of the first
+    minute scales the fleet to its maximum, and the probe only begins once that fleet has shrunk,
+    about four minutes in. The same 15 % a minute then leaves the learned value at ~0.8 x the true
+    capacity at 10 minutes (measured 0.82 x), outside the issue's 15 %; 0.85 x at 615 s."""
+    cap, _, true_tok = _run(world, 0.5, capsys)
+    assert 0.7 * true_tok <= _at(cap["log"], 600.0) < 0.85 * true_tok
+    assert _at(cap["log"], 660.0) >= 0.85 * true_tok
+
+
+# ------------------------------------------------------------------------ per (model, GPU type)
+
+
+def _serve_alone(state: dict, gpu: str, true_scale: float, t0: float, minutes: float,
+                 load_rps: float = 20.0) -> tuple[dict, float]:
+    """A fleet on ``gpu`` alone, sized every 5 s from the capacity learned for it (at the planned
+    0.8) with at least four replicas; a replica really sustains ``true_scale`` x its prior (2 req/s).
+    Its pressure is the queue per replica (M/M/1 at the utilization the true capacity gives) over
+    a target of 4, as the pipeline reads it. Returns the state and the time."""
+    t = t0
+    for _ in range(int(minutes * 12)):
+        t += 5.0
+        scale = learned_scale(state, gpu, CFG)
+        n = max(4, math.ceil(load_rps / (0.8 * scale * CAP.requests_per_s)))
+        rho = min(load_rps / n / (true_scale * CAP.requests_per_s), 0.99)
+        units = load_units_by_gpu(state, CFG, {gpu: n}, {gpu: CAP}, load_rps, None)
+        _, _, state = learn_by_gpu(state, Observed(t, None, n, True, 0, rho / (1 - rho) / 4), units, CFG, 0.8)
+    return state, t
+
+
+def test_two_gpu_types_of_different_speeds_learn_different_capacities() -> None:
+    """The same profile for both, right for H200, twice too optimistic for H100: what the fleet
+    learns while H100 serves does not change H200's capacity, and back on H100 it starts from
+    what it learned there (one scale per model would carry each GPU type's into the other). In
+    this queue model the learner settles where the queue starts to build (the pressure ratio,
+    0.75, is reached at ~75 % of a replica's maximum): 70-100 % of the true capacity."""
+    state, t = _serve_alone({}, "H100", 0.5, 0.0, 10.0)
+    h100 = learned_scale(state, "H100", CFG)
+    assert 0.35 <= h100 <= 0.5, h100
+    assert learned_scale(state, "H200", CFG) == 1.0  # never served: its profile
+    state, t = _serve_alone(state, "H200", 1.0, t, 10.0)
+    h200 = learned_scale(state, "H200", CFG)
+    assert 0.7 <= h200 <= 1.0, h200
+    assert learned_scale(state, "H100", CFG) == pytest.approx(h100)  # no H100 ready: nothing learned about it
+    state, _ = _serve_alone(state, "H100", 0.5, t, 10.0)
+    assert 0.35 <= learned_scale(state, "H100", CFG) <= 0.5
+    # a placement on both is sized with each GPU type's own capacity, weighted by its replicas
+    caps = {g: for_mix(CAP, None, learned_scale(state, g, CFG)) for g in ("H100", "H200")}
+    both = weighted(caps, {"H100": 4.0, "H200": 4.0})
+    assert both.requests_per_s == pytest.approx((caps["H100"].requests_per_s + caps["H200"].requests_per_s) / 2)
+    assert caps["H200"].requests_per_s > 1.5 * caps["H100"].requests_per_s
+    # /v1/status shows each GPU type's correction
+    assert gpu_scales(state) == {g: pytest.approx(learned_scale(state, g, CFG)) for g in ("H100", "H200")}
+
+
+def test_a_state_from_before_the_per_gpu_learner_applies_to_every_gpu_type() -> None:
+    old = {"scale": 0.6, "t": 0.0, "q": 0.1}
+    assert learned_scale(old, "H100", CFG) == learned_scale(old, "H200", CFG) == 0.6
+    units = load_units_by_gpu(old, CFG, {"H100": 4}, {"H100": CAP}, 4.0, None)
+    scales, _, new = learn_by_gpu(old, Observed(5.0, None, 4, True, 0, 0.6), units, CFG, 0.8)
+    assert set(new["gpus"]) == {"H100"} and new["gpus"]["H100"]["scale"] == scales["H100"]
+    assert scales["H100"] == pytest.approx(0.6, rel=0.05)  # it went on from the model's old scale
+    assert learned_scale(new, "H200", CFG) == 1.0  # from now on each GPU type keeps its own
