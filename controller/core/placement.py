@@ -672,24 +672,38 @@ def _fill_hedge(views: list[_Pool], want: int, risk: _Risk, cap: float | None, p
     cost = sum(p.cost() for p in views)
     added_by: dict[int, int] = {}
     if need > 0:
-        n, cost = _fill_tier(_ranked(views, _ONPREM), need, cost, cap)
-        added_by[_ONPREM] = n
-        safe = [p for p in _ranked(views, _SPOT) if p.name not in risk.interrupted]
-        n, cost = _fill_spot(safe, need - sum(added_by.values()), cost, cap, placement.spot_spread_min_pools)
-        added_by[_SPOT] = n
-        if placement.allow_on_demand:
-            n, cost = _fill_tier(_ranked(views, _ONDEMAND), need - sum(added_by.values()), cost, cap)
-            added_by[_ONDEMAND] = n
+        added_by = _add_spares(views, need, cost, cap, risk, placement)
     spare = max(0, sum(p.replicas for p in views) - want)
+    return _Hedge(spare, [(Reason.SPOT_HEDGE.value, _hedge_message(spare, risk, added_by))])
+
+
+def _add_spares(views: list[_Pool], need: int, cost: float, cap: float | None, risk: _Risk,
+                placement: PlacementSpec) -> dict[int, int]:
+    """Add up to ``need`` spares: on-prem room, then uninterrupted spot pools, then on-demand
+    (when allowed); the count added per tier."""
+    added_by: dict[int, int] = {}
+    n, cost = _fill_tier(_ranked(views, _ONPREM), need, cost, cap)
+    added_by[_ONPREM] = n
+    safe = [p for p in _ranked(views, _SPOT) if p.name not in risk.interrupted]
+    n, cost = _fill_spot(safe, need - sum(added_by.values()), cost, cap, placement.spot_spread_min_pools)
+    added_by[_SPOT] = n
+    if placement.allow_on_demand:
+        n, cost = _fill_tier(_ranked(views, _ONDEMAND), need - sum(added_by.values()), cost, cap)
+        added_by[_ONDEMAND] = n
+    return added_by
+
+
+def _hedge_message(spare: int, risk: _Risk, added_by: Mapping[int, int]) -> str:
+    """``spot hedge: 2 spare for 4 replicas at risk (aws-spot 4; x0.5): added 2 on-prem``."""
     pools = ", ".join(f"{name} {n}" for name, n in sorted(risk.at_risk.items()))
-    msg = (f"spot hedge: {spare} spare for {sum(risk.at_risk.values())} replicas at risk ({pools}; x{risk.factor:g})")
-    if any(added_by.values()):
-        msg += ": added " + ", ".join(f"{n} {tier}" for tier, n in
-                                      (("on-prem", added_by.get(_ONPREM, 0)), ("spot", added_by.get(_SPOT, 0)),
-                                       ("on-demand", added_by.get(_ONDEMAND, 0))) if n)
+    msg = f"spot hedge: {spare} spare for {sum(risk.at_risk.values())} replicas at risk ({pools}; x{risk.factor:g})"
+    added = [f"{n} {tier}" for tier, n in (("on-prem", added_by.get(_ONPREM, 0)), ("spot", added_by.get(_SPOT, 0)),
+                                           ("on-demand", added_by.get(_ONDEMAND, 0))) if n]
+    if added:
+        msg += ": added " + ", ".join(added)
     if spare < risk.spare:
         msg += f"; {risk.spare - spare} more found no room or budget"
-    return _Hedge(spare, [(Reason.SPOT_HEDGE.value, msg)])
+    return msg
 
 
 def _hedge_reason(reason: str, hedge: _Hedge) -> str:
