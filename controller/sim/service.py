@@ -393,6 +393,9 @@ class FluidReplicaModel:
         self.ctx = float((o * (p + 0.5 * o)).sum() / max(o.sum(), 1e-9))
         self.kv_per_req = float((p + o).mean())
         self.max_rate_per_s = self._max_rate()
+        self._at_slo: dict[tuple[float, float, float], float] = {}
+        """``rate_at_slo``'s answers: a pure function of the profile and mix (models of one world
+        that share this fluid model ask it once)."""
 
     def _decode(self, r: float) -> tuple[float, float, float] | None:
         """(batch, prefill util, TPOT s) at rate ``r``, or None when the replica cannot keep up."""
@@ -458,6 +461,13 @@ class FluidReplicaModel:
     def rate_at_slo(self, ttft_s: float, tpot_s: float, attainment: float = 0.99) -> float:
         """Largest per-replica request rate at which at least ``attainment`` of requests meet both
         targets (0 if even an idle replica misses them)."""
+        key = (ttft_s, tpot_s, attainment)
+        found = self._at_slo.get(key)
+        if found is None:
+            found = self._at_slo[key] = self._rate_at_slo(ttft_s, tpot_s, attainment)
+        return found
+
+    def _rate_at_slo(self, ttft_s: float, tpot_s: float, attainment: float) -> float:
         if self.attainment(self.steady(1e-9), ttft_s, tpot_s) < attainment:
             return 0.0
         lo, hi = 0.0, self.max_rate_per_s * 0.999

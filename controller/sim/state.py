@@ -59,8 +59,9 @@ class SimState:
         self.pod_ids = 0
         self.ready_pods: list[_Pod] = []
         self.actions = 0
-        self.action_log: list[tuple[float, str, int, int]] = []
-        """(time, pool, from, to) of every change of a pool's desired replicas by the controller."""
+        self.action_log: deque[tuple[float, str, int, int]] = deque()
+        """(time, pool, from, to) of every change of a pool's desired replicas by the controller
+        (the newest ``maxlen`` of them where a driver outside bounds it: ``world.World``)."""
         self.decisions = 0
         self.decisions_changed = 0
         self.controller_errors: list[str] = []
