@@ -44,6 +44,7 @@ from controller.config import DaemonConfig, SimulatedProviders
 from controller.core.model import ModelSignals, ModelSpec, PoolSpec, PoolState, Sample
 from controller.core.signals import model_signal_names
 from controller.sim.engine import DrivenFromOutside, EngineOptions, SimSetup, SloTargets, Simulation
+from controller.sim.setup import FluidEntry
 from controller.sim.load import LoadCurve, LoadShape
 from controller.sim.prices import SpotPriceWalk
 from controller.sim.service import (
@@ -134,16 +135,17 @@ def initial_replicas(cfg: DaemonConfig, model: ModelSpec) -> dict[str, int]:
 
 class Shared:
     """What models of one world share because it is the same value for each: the service
-    profiles and fluid models of models with the same profile inputs (name's shipped profile, GPU
+    profiles, fluid models and their steady states of models with the same profile inputs (name's shipped profile, GPU
     types, TP degree, capacity), and each spot pool's live price walk (a function of the seed, the
     pool and time). A thousand models then hold a few of each, not a thousand."""
 
     def __init__(self) -> None:
-        self.profiles: dict[tuple[object, ...], tuple[dict[str, ReplicaProfile], dict[str, FluidReplicaModel]]] = {}
+        self.profiles: dict[tuple[object, ...], tuple[dict[str, ReplicaProfile], dict[str, FluidReplicaModel],
+                                                      dict[tuple[str, int | None], FluidEntry]]] = {}
         self.prices: dict[str, SpotPriceWalk] = {}
 
-    def profiles_for(self, cfg: DaemonConfig, model: ModelSpec) -> tuple[dict[str, ReplicaProfile],
-                                                                        dict[str, FluidReplicaModel]]:
+    def profiles_for(self, cfg: DaemonConfig, model: ModelSpec) -> tuple[
+            dict[str, ReplicaProfile], dict[str, FluidReplicaModel], dict[tuple[str, int | None], FluidEntry]]:
         pools = cfg.pool_specs()
         gpus = sorted({pools[p].gpu_type for p in model.pools})
         key = (default_profile_path(model.name), model.tp_degree,
@@ -151,7 +153,7 @@ class Shared:
                      if g in model.capacity else (g,) for g in gpus))
         found = self.profiles.get(key)
         if found is None:
-            found = self.profiles[key] = (profiles_for(cfg, model), {})
+            found = self.profiles[key] = (profiles_for(cfg, model), {}, {})
         return found
 
     def price_walk(self, pool: PoolSpec, seed: int) -> SpotPriceWalk:
@@ -178,11 +180,11 @@ def setup_for(cfg: DaemonConfig, model: ModelSpec, *, epoch: datetime,
                                    interruptions_per_node_hour=s.interruptions_per_node_hour, seed=s.seed,
                                    pool=f"{model.name}/{name}")
             prices[name] = shared.price_walk(p, s.seed)
-    profiles, fluid = shared.profiles_for(cfg, model)
+    profiles, fluid, entries = shared.profiles_for(cfg, model)
     return SimSetup(model=model, pools=pools, profiles=profiles,
                     workload=load_series(cfg, model.name, horizon_s), slo=_DEFAULT_SLO, spot=spot, seed=s.seed,
                     epoch=epoch, options=EngineOptions(mode="fluid", progress=False), duration_s=horizon_s,
-                    grid=token_grid(cfg), spot_prices=prices, _fluid=fluid)
+                    grid=token_grid(cfg), spot_prices=prices, _fluid=fluid, _fluid_entries=entries)
 
 
 @dataclass(frozen=True, slots=True)
