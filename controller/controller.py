@@ -61,6 +61,7 @@ from controller.core.model import (
     Override,
     PoolSpec,
     PoolState,
+    Sample,
 )
 from controller.core.pipeline import decide as pipeline_decide
 from controller.core.policy import EffectivePolicy
@@ -351,6 +352,8 @@ class Controller:
             raw = {}
         prices = self._prices(now)
         degraded_all = degraded_models(self.metrics_source)
+        # asked once a tick, not per model: a runtime-checkable protocol's isinstance costs ~12 us
+        power_of = self.metrics_source.power_kw if isinstance(self.metrics_source, MeasuresPower) else None
         out: dict[str, ModelSignals] = {}
         for name, model in chosen.items():
             sig = raw.get(name) or ModelSignals(model=name, at=now)
@@ -359,7 +362,7 @@ class Controller:
                                degraded=degraded_all.get(name) or sig.degraded, queries=sig.queries)
             # Prometheus knows tokens and power, providers know replicas and prices: the pricing
             # module prices the pools (the budget stage uses these prices) and the cost per token.
-            sig = self._with_cost(sig, model, now)
+            sig = self._with_cost(sig, model, now, power_of)
             out[name] = sig
         return out
 
@@ -393,9 +396,9 @@ class Controller:
             st = replace(st, price_per_node_hour_usd=prices[pool_name])
         return st
 
-    def _with_cost(self, sig: ModelSignals, model: ModelSpec, now: datetime) -> ModelSignals:
-        source = self.metrics_source
-        power = source.power_kw(model.name) if isinstance(source, MeasuresPower) else None
+    def _with_cost(self, sig: ModelSignals, model: ModelSpec, now: datetime,
+                   power_of: Callable[[str], Mapping[str, Sample]] | None) -> ModelSignals:
+        power = power_of(model.name) if power_of is not None else None
         return with_cost(sig, model, self.pools, now, onprem=self.onprem_cost, power_kw=power)
 
     # ------------------------------------------------------------------ decide

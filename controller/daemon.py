@@ -185,9 +185,10 @@ class Daemon:
         rejected (logged, visible in ``/v1/policies``) and the last good version stays in force."""
         report = self.policy_store.reload(self.policies_dir)
         now = self.clock.now()
-        for item in getattr(report, "new_versions", []) or []:
-            model, version, sources, content = item
-            self.repo.record_policy_version(model, version, list(sources), content, now)
+        new_versions = list(getattr(report, "new_versions", []) or [])
+        self.repo.record_policy_versions([(model, version, list(sources), content)
+                                          for model, version, sources, content in new_versions], now)
+        for model, version, sources, content in new_versions:
             self.metrics.policy_info.labels(model=model, version=version).set(1)
             log(logger, logging.INFO, "policy version in force", model=model, version=version,
                 sources=",".join(map(str, sources)), author=author)

@@ -959,6 +959,20 @@ class Repository:
 
     def record_policy_version(self, model: str, version: str, sources: Any, content: str, now: datetime) -> bool:
         """Remember a policy version (content hash) for a model; True if it was not known yet."""
+        return self.record_policy_versions([(model, version, sources, content)], now)[0]
+
+    def record_policy_versions(self, items: Sequence[tuple[str, str, Any, str]], now: datetime) -> list[bool]:
+        """Remember policy versions ``(model, version, sources, content)`` in one transaction (a
+        start with 1,000 policy files is one commit, not 1,000); True for each not known yet."""
+        if not items:
+            return []
+        with self._lock, self._sessions.begin() as s:
+            conn = s.connection()
+            return [conn.execute(self._policy_version_insert(model, version, sources, content, now)).scalar()
+                    is not None for model, version, sources, content in items]
+
+    def _policy_version_insert(self, model: str, version: str, sources: Any, content: str,
+                               now: datetime) -> sa.Executable:
         values = {
             "model": model,
             "version": version,
@@ -979,8 +993,7 @@ class Repository:
             stmt = postgresql.insert(table).values(**values).on_conflict_do_nothing().returning(table.c.id)
         else:  # pragma: no cover - only SQLite and PostgreSQL are supported
             raise NotImplementedError(f"unsupported database dialect {dialect}")
-        with self._lock, self._sessions.begin() as s:
-            return s.connection().execute(stmt).scalar() is not None
+        return stmt
 
     def list_policy_versions(self, model: str | None = None) -> list[dict[str, Any]]:
         """Known policy versions, newest first."""

@@ -7,7 +7,8 @@ What the world does, in the order a replica lives through it:
   one ``SimPool`` per pool, a ``MemoryRecorder``), deciding with tidegate's ``decide`` or with a
   baseline's decision function (``Baseline``). Pods are created Pending and bound to ready nodes with free GPUs (TP GPUs per pod,
   never across nodes, fullest node first); a bound pod becomes ready ``cold_start_s`` later.
-- Nodes: on-prem pools own ``max_nodes`` nodes from the start. Cloud nodes are ordered either by
+- Nodes: on-prem pools own ``max_nodes`` nodes from the start (each made when a pod first
+  needs it, as the next of the pool's nodes in order, which binds exactly as if all were there). Cloud nodes are ordered either by
   the controller itself (``node_mode = "direct"``: tidegate and SkyServe resize node groups to
   the nodes the controller's ``scale`` asks for and release empty nodes at once) or by an emulated Kubernetes cluster-autoscaler (``"autoscaler"``:
   every ``ca_scan_interval_s`` it orders nodes for Pending pods and removes nodes empty for
@@ -263,9 +264,8 @@ class Simulation(Reporting):
 
     def _start(self) -> None:
         for pool in self.pools.values():
-            if pool.onprem:
-                for _ in range(pool.spec.max_nodes):
-                    self._new_node(pool, 0.0, N_READY)
+            if pool.onprem:  # ready from the start; made when a pod first needs one (Fleet._bind)
+                pool.unmade = pool.spec.max_nodes
         equal = self.opt.initial_replicas
         init = self.ctrl.initial(self.setup, self._initial_need() if equal is None else equal)
         if equal is not None:

@@ -40,6 +40,16 @@ class Fleet(Billing):
         return node
 
 
+    def _make_onprem_node(self, pool: _Pool) -> _Node:
+        """One of the on-prem nodes the pool owns from the start (ready at time 0), made now."""
+        pool.unmade -= 1
+        self.version += 1
+        self.node_ids += 1
+        node = _Node(self.node_ids, pool, 0.0, 0.0, N_READY)
+        pool.nodes.append(node)
+        return node
+
+
     def _launch(self, pool: _Pool, count: int) -> int:
         """Order ``count`` nodes; returns how many the cloud accepted."""
         if count <= 0 or pool.onprem:
@@ -87,7 +97,7 @@ class Fleet(Billing):
         tp = pool.tp
         cap = pool.spec.gpus_per_node
         nodes = [n for n in pool.nodes if n.state == N_READY and not n.noticed and cap - n.gpus_used >= tp]
-        if not nodes:
+        if not nodes and not (pool.unmade and cap >= tp):
             return
         changed = False
         cold = self.model.cold_start_s
@@ -96,6 +106,10 @@ class Fleet(Billing):
             for n in nodes:
                 if cap - n.gpus_used >= tp and (best is None or n.gpus_used > best.gpus_used):
                     best = n
+            if best is None and pool.unmade and cap >= tp:
+                # the next on-prem node in order: empty, so what the first-fit would pick if it were made
+                best = self._make_onprem_node(pool)
+                nodes.append(best)
             if best is None:
                 break
             if not best.pods:
@@ -341,6 +355,8 @@ class Fleet(Billing):
         """An interruption notice now for pool ``name``'s newest serving node (what a spot trace
         or the drawn lifetimes do); ``False`` when the pool has no node to interrupt."""
         pool = self.pools[name]
+        while pool.unmade:  # every node is a candidate (the newest one of an idle pool is chosen)
+            self._make_onprem_node(pool)
         live = [n for n in pool.nodes if n.state == N_READY and not n.noticed]
         if not live:
             return False

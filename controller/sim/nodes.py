@@ -50,7 +50,7 @@ class _Pod:
 class _Pool:
     __slots__ = ("spec", "name", "onprem", "spot_pool", "tp", "per_node", "nodes", "pods", "desired", "spot",
                  "blocked", "blocked_reason", "backoff_until", "notices", "bill_n", "bill_t", "cost_usd",
-                 "node_s", "launch_failures", "interrupted_nodes", "killed_pods", "want_nodes")
+                 "node_s", "launch_failures", "interrupted_nodes", "killed_pods", "want_nodes", "unmade")
 
     def __init__(self, spec: PoolSpec, model: ModelSpec, spot: SpotModel | None) -> None:
         self.spec = spec
@@ -76,6 +76,14 @@ class _Pool:
         self.launch_failures = 0
         self.interrupted_nodes = 0
         self.killed_pods = 0
+        self.unmade = 0
+        """On-prem nodes the pool owns that no pod has needed yet: made (ready, in order) when
+        binding needs one (``Fleet._bind``), so a model's world holds the nodes it uses rather than
+        every node of a pool that a thousand models share."""
 
     def alive_nodes(self) -> list[_Node]:
         return [n for n in self.nodes if n.state != N_GONE]
+
+    def node_count(self) -> int:
+        """Nodes the pool has (not gone), the on-prem ones not made yet included."""
+        return sum(1 for n in self.nodes if n.state != N_GONE) + self.unmade

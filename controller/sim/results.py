@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from controller.core.pricing import usd_per_million_tokens
-from controller.sim.nodes import N_GONE, P_READY
+from controller.sim.nodes import P_READY
 from controller.sim.scrape import Scraping
 from controller.sim.state import EV_RECORD
 from controller.sim.stats import hist_quantile, percentile
@@ -43,7 +43,7 @@ class Reporting(Scraping):
         for name, pool in self.pools.items():
             tl[f"desired:{name}"].append(pool.desired)
             tl[f"ready:{name}"].append(sum(1 for p in pool.pods if p.state == P_READY))
-            tl[f"nodes:{name}"].append(sum(1 for n in pool.nodes if n.state != N_GONE))
+            tl[f"nodes:{name}"].append(pool.node_count())
         if self.mode == "fluid":
             tl["p99_e2e_s"].append(hist_quantile(self.rec_hist_e2e + self._fluid_hist(self.rec_w, 5), 0.99))
             tl["p99_ttft_s"].append(hist_quantile(self.rec_hist_ttft + self._fluid_hist(self.rec_w, 4), 0.99))

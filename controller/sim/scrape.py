@@ -127,7 +127,7 @@ class Scraping(Serving):
             node = p.node
             if node is not None and node.noticed:
                 noticed += 1
-        nodes = sum(1 for n in pool.nodes if n.state != N_GONE)
+        nodes = pool.node_count()
         return PoolState(
             pool=pool.name, replicas=pool.desired, ready_replicas=ready, nodes=nodes,
             available=not pool.blocked, unavailable_reason=pool.blocked_reason if pool.blocked else None,

@@ -435,6 +435,9 @@ class FluidReplicaModel:
         self.ctx = float((o * (p + 0.5 * o)).sum() / max(o.sum(), 1e-9))
         self.kv_per_req = float((p + o).mean())
         self.max_rate_per_s = self._max_rate()
+        self._at_slo: dict[tuple[float, float, float, int, bool], float] = {}
+        """``rate_at_slo``'s answers: a pure function of the profile and mix (models of one world
+        that share this fluid model ask it once)."""
 
     def _decode(self, r: float) -> tuple[float, float, float] | None:
         """(batch, prefill util, TPOT s) at rate ``r``, or None when the replica cannot keep up."""
@@ -502,6 +505,14 @@ class FluidReplicaModel:
         """Largest per-replica request rate at which at least ``attainment`` of requests meet both
         targets (0 if even an idle replica misses them), for one of ``replicas`` replicas sharing
         the arrivals (a pool sustains more per replica than a lone one: :func:`prefill_wait`)."""
+        key = (ttft_s, tpot_s, attainment, replicas, shared_queue)
+        found = self._at_slo.get(key)
+        if found is None:
+            found = self._at_slo[key] = self._rate_at_slo(ttft_s, tpot_s, attainment, replicas, shared_queue)
+        return found
+
+    def _rate_at_slo(self, ttft_s: float, tpot_s: float, attainment: float, replicas: int,
+                     shared_queue: bool) -> float:
         def ok(r: float) -> bool:
             return self.attainment(self.steady(r, replicas, shared_queue), ttft_s, tpot_s) >= attainment
 

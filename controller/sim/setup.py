@@ -7,11 +7,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Literal
 
+import numpy as np
+
 from controller.core.model import ModelSpec, PoolSpec
 from controller.sim.prices import SpotPriceWalk
-from controller.sim.service import FluidReplicaModel, ReplicaProfile, TokenGrid
+from controller.sim.service import FluidReplicaModel, ReplicaProfile, SteadyState, TokenGrid
 from controller.sim.spot import SpotModel
 from controller.sim.workload import RateSeries, RequestTrace, Workload
+
+FluidEntry = tuple[SteadyState, float, float, float, np.ndarray, np.ndarray, np.ndarray, float]
+"""One replica's steady state at a rate: state, attainment (both / TTFT / TPOT), TTFT, e2e and TPOT
+histogram shapes, p99 e2e (``serving.Serving._fluid_entry``)."""
 
 DEFAULT_EPOCH = datetime(2024, 1, 1, tzinfo=timezone.utc)
 """Simulated time 0 when the workload has no date of its own (a Monday, 00:00 UTC)."""
@@ -80,6 +86,10 @@ class SimSetup:
     without one bill and report their static price."""
     _fluid: dict[str, FluidReplicaModel] = field(default_factory=dict, repr=False)
     _pooled: dict[tuple[str, int, bool], float] = field(default_factory=dict, repr=False)
+    _fluid_entries: dict[tuple[str, int | None], FluidEntry] = field(default_factory=dict, repr=False)
+    """The fluid service's steady states and latency shapes per (GPU type, rate on its grid): a
+    memo of the fluid models and the SLO, shared by every run of this setup (and by the models of
+    one world that share their fluid models: ``world.Shared``)."""
 
     def __post_init__(self) -> None:
         for name in self.model.pools:

@@ -21,7 +21,7 @@ from controller.core.signals import model_signal_names
 from controller.sim.control import Autoscaler
 from controller.sim.nodes import INF, _Pod, _Pool
 from controller.sim.service import FluidReplicaModel, RequestBook, SteadyState
-from controller.sim.setup import SimSetup
+from controller.sim.setup import FluidEntry, SimSetup
 from controller.sim.stats import HIST_BINS
 from controller.sim.workload import RateSeries, RequestTrace
 
@@ -59,8 +59,9 @@ class SimState:
         self.pod_ids = 0
         self.ready_pods: list[_Pod] = []
         self.actions = 0
-        self.action_log: list[tuple[float, str, int, int]] = []
-        """(time, pool, from, to) of every change of a pool's desired replicas by the controller."""
+        self.action_log: deque[tuple[float, str, int, int]] = deque()
+        """(time, pool, from, to) of every change of a pool's desired replicas by the controller
+        (the newest ``maxlen`` of them where a driver outside bounds it: ``world.World``)."""
         self.decisions = 0
         self.decisions_changed = 0
         self.controller_errors: list[str] = []
@@ -109,7 +110,7 @@ class SimState:
         self.fluid_hist_ttft = np.zeros(HIST_BINS)
         self.fluid_hist_e2e = np.zeros(HIST_BINS)
         self.fluid_hist_tpot = np.zeros(HIST_BINS)
-        self.fluid_cache: dict[tuple[str, int | None], tuple[SteadyState, float, float, float, np.ndarray, np.ndarray, np.ndarray, float]] = {}
+        self.fluid_cache: dict[tuple[str, int | None], FluidEntry] = setup._fluid_entries
         self.fluid_groups: dict[str, tuple[float, SteadyState]] = {}
         self.fluid_queue = 0.0
         self.fluid_in_flight = 0.0

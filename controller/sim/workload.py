@@ -24,6 +24,7 @@ import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -194,6 +195,64 @@ class RateSeries:
         t.sort(kind="stable")
         p, o = self.tokens.sample(n, rng)
         return RequestTrace(self.name, t, p, o)
+
+
+class CurveSeries(RateSeries):
+    """A ``RateSeries`` whose bins are computed when read, from ``arrivals(t0_s, t1_s)`` (a pure
+    function of time: ``load.LoadCurve.arrivals``): bin ``i`` is ``arrivals(i*bin_s,
+    (i+1)*bin_s) / bin_s`` over ``bins`` bins, repeated when ``repeats``. The same values as the
+    series built bin by bin up front, without holding them: a world of a thousand models would
+    otherwise hold (and compute at its start) a week of bins per model. ``rate_per_s`` builds the
+    whole array on first use (for the simulator's oracle and statistics) and keeps it."""
+
+    def __init__(self, name: str, bin_s: float, bins: int, arrivals: Callable[[float, float], float],
+                 tokens: TokenDistribution, repeats: bool = False) -> None:
+        if bins <= 0 or bin_s <= 0:
+            raise ValueError(f"a curve series needs bins > 0 and bin_s > 0, got {bins} and {bin_s}")
+        for k, v in (("name", name), ("bin_s", bin_s), ("tokens", tokens), ("repeats", repeats), ("bins", bins),
+                     ("arrivals", arrivals), ("_full", None)):
+            object.__setattr__(self, k, v)
+
+    bins: int
+    arrivals: Callable[[float, float], float]
+    _full: np.ndarray | None
+
+    def _bin(self, i: int) -> float:
+        return self.arrivals(i * self.bin_s, (i + 1) * self.bin_s) / self.bin_s
+
+    @property  # type: ignore[override]
+    def rate_per_s(self) -> np.ndarray:
+        if self._full is None:
+            object.__setattr__(self, "_full", np.fromiter((self._bin(i) for i in range(self.bins)),
+                                                          dtype=np.float64, count=self.bins))
+        assert self._full is not None
+        return self._full
+
+    @property
+    def duration_s(self) -> float:
+        return self.bin_s * self.bins
+
+    def rate_at(self, t_s: float) -> float:
+        i = int(t_s // self.bin_s)
+        if self.repeats and i >= 0:
+            i %= self.bins
+        if i < 0 or i >= self.bins:
+            return 0.0
+        return self._bin(i)
+
+    def head(self, duration_s: float) -> RateSeries:
+        k = min(self.bins, max(1, int(math.ceil(duration_s / self.bin_s - 1e-9))))
+        return RateSeries(self.name, self.bin_s, np.fromiter((self._bin(i) for i in range(k)), dtype=np.float64,
+                                                             count=k), self.tokens)
+
+    def __repr__(self) -> str:
+        return f"CurveSeries({self.name!r}, bin_s={self.bin_s}, bins={self.bins}, repeats={self.repeats})"
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
 
 
 Workload = RequestTrace | RateSeries

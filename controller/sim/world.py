@@ -14,7 +14,8 @@ What the config gives each model's ``Simulation`` (``setup_for``):
 - the load: ``load.LoadCurve`` (the diurnal curve with bursts of the ``providers`` section) as a
   rate series of ``LOAD_BIN_S`` bins over whole load cycles (about a week), repeated for as long as
   the world runs (``horizon_s``, a century by default), every request ``mean_input_tokens`` in and
-  ``mean_output_tokens`` out, served as flows (fluid mode);
+  ``mean_output_tokens`` out, served as flows (fluid mode); each bin is computed when the world
+  reaches it (``workload.CurveSeries``), not held;
 - the service profile: the shipped calibrated one for the model's name and GPU type when there is
   one; otherwise the shipped profile's shape with its times scaled so that one replica's top rate
   for this token mix is the config's ``capacity`` (requests/s, or output tokens/s over the mean
@@ -24,14 +25,18 @@ What the config gives each model's ``Simulation`` (``setup_for``):
   with its provider's notice.
 
 Models do not share nodes: each model's ``Simulation`` holds its own nodes in a pool it shares with
-another model, and the pool's ``nodes`` is their sum.
+another model, and the pool's ``nodes`` is their sum. Models share what is the same value for each
+(``Shared``: service profiles and fluid models, spot price walks).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import numpy as np
 
@@ -39,13 +44,14 @@ from controller.config import DaemonConfig, SimulatedProviders
 from controller.core.model import ModelSignals, ModelSpec, PoolSpec, PoolState, Sample
 from controller.core.signals import model_signal_names
 from controller.sim.engine import DrivenFromOutside, EngineOptions, SimSetup, SloTargets, Simulation
+from controller.sim.setup import FluidEntry
 from controller.sim.load import LoadCurve, LoadShape
 from controller.sim.prices import SpotPriceWalk
 from controller.sim.service import (
-    PROFILES_DIR, FluidReplicaModel, ReplicaProfile, TokenGrid, default_profile_path, load_profile,
+    PROFILES_DIR, FluidReplicaModel, ReplicaProfile, ServiceProfile, TokenGrid, default_profile_path, load_profile,
 )
 from controller.sim.spot import DEFAULT_NOTICE_S, SpotModel
-from controller.sim.workload import RateSeries, TokenDistribution
+from controller.sim.workload import CurveSeries, RateSeries, TokenDistribution
 from providers.registry import installed
 
 LOAD_BIN_S = 5.0
@@ -57,6 +63,9 @@ LOAD_SPAN_S = 7 * 86400.0
 _SHAPE_PROFILE = PROFILES_DIR / "llama3-70b-fp8.yaml"
 _SHAPE_GPU = "H100"
 _DEFAULT_SLO = SloTargets(ttft_s=2.0, tpot_s=0.1)
+ACTION_LOG_PER_MODEL = 100
+"""Changes of desired replicas each model's world remembers (``Simulation.action_log``): nothing
+of the world grows per tick without bound (the providers keep their own calls' log)."""
 
 
 def _settings(cfg: DaemonConfig) -> SimulatedProviders:
@@ -81,12 +90,18 @@ def _scaled(base: ReplicaProfile, top_rate_per_s: float, grid: TokenGrid, tp: in
         "published": (), "source": f"{base.source}, times x{f:.3g} to the config's capacity"})
 
 
+@functools.lru_cache(maxsize=32)
+def _profile_file(path: Path) -> ServiceProfile:
+    """A shipped service profile, read once per process (profiles are values: never changed)."""
+    return load_profile(path)
+
+
 def profiles_for(cfg: DaemonConfig, model: ModelSpec) -> dict[str, ReplicaProfile]:
     """Per GPU type of ``model``'s pools: the calibrated profile, or the scaled shape (see above)."""
     path = default_profile_path(model.name)
-    shipped = load_profile(path).gpus if path is not None else {}
+    shipped = _profile_file(path).gpus if path is not None else {}
     grid = token_grid(cfg)
-    shape = load_profile(_SHAPE_PROFILE).gpus[_SHAPE_GPU]
+    shape = _profile_file(_SHAPE_PROFILE).gpus[_SHAPE_GPU]
     out: dict[str, ReplicaProfile] = {}
     for gpu in {cfg.pool_specs()[p].gpu_type for p in model.pools}:
         prof = shipped.get(gpu)
@@ -101,15 +116,14 @@ def profiles_for(cfg: DaemonConfig, model: ModelSpec) -> dict[str, ReplicaProfil
 
 def load_series(cfg: DaemonConfig, model: str, horizon_s: float) -> RateSeries:
     """The model's load curve as a repeating rate series (exact arrivals per bin over the bin):
-    whole cycles of about ``LOAD_SPAN_S``, no more than ``horizon_s`` needs."""
+    whole cycles of about ``LOAD_SPAN_S``, no more than ``horizon_s`` needs. Its bins are computed
+    when read (``workload.CurveSeries``), so a model's world holds no week of bins."""
     s = _settings(cfg)
     curve = LoadCurve(LoadShape.from_config(s), s.seed, stream=model)
     span = min(s.period_s * max(1, round(LOAD_SPAN_S / s.period_s)), horizon_s)
     n = int(np.ceil(span / LOAD_BIN_S))
-    rates = np.fromiter((curve.arrivals(i * LOAD_BIN_S, (i + 1) * LOAD_BIN_S) / LOAD_BIN_S for i in range(n)),
-                        dtype=np.float64, count=n)
     tokens = TokenDistribution(np.array([int(s.mean_input_tokens)]), np.array([int(s.mean_output_tokens)]))
-    return RateSeries(f"load:{model}", LOAD_BIN_S, rates, tokens, repeats=True)
+    return CurveSeries(f"load:{model}", LOAD_BIN_S, n, curve.arrivals, tokens, repeats=True)
 
 
 def initial_replicas(cfg: DaemonConfig, model: ModelSpec) -> dict[str, int]:
@@ -119,10 +133,42 @@ def initial_replicas(cfg: DaemonConfig, model: ModelSpec) -> dict[str, int]:
     return {p: (s.initial_onprem_replicas if pools[p].tier.is_onprem else 0) for p in model.pools}
 
 
+class Shared:
+    """What models of one world share because it is the same value for each: the service
+    profiles, fluid models and their steady states of models with the same profile inputs (name's shipped profile, GPU
+    types, TP degree, capacity), and each spot pool's live price walk (a function of the seed, the
+    pool and time). A thousand models then hold a few of each, not a thousand."""
+
+    def __init__(self) -> None:
+        self.profiles: dict[tuple[object, ...], tuple[dict[str, ReplicaProfile], dict[str, FluidReplicaModel],
+                                                      dict[tuple[str, int | None], FluidEntry]]] = {}
+        self.prices: dict[str, SpotPriceWalk] = {}
+
+    def profiles_for(self, cfg: DaemonConfig, model: ModelSpec) -> tuple[
+            dict[str, ReplicaProfile], dict[str, FluidReplicaModel], dict[tuple[str, int | None], FluidEntry]]:
+        pools = cfg.pool_specs()
+        gpus = sorted({pools[p].gpu_type for p in model.pools})
+        key = (default_profile_path(model.name), model.tp_degree,
+               tuple((g, model.capacity[g].requests_per_s, model.capacity[g].output_tokens_per_s)
+                     if g in model.capacity else (g,) for g in gpus))
+        found = self.profiles.get(key)
+        if found is None:
+            found = self.profiles[key] = (profiles_for(cfg, model), {}, {})
+        return found
+
+    def price_walk(self, pool: PoolSpec, seed: int) -> SpotPriceWalk:
+        walk = self.prices.get(pool.name)
+        if walk is None:
+            walk = self.prices[pool.name] = SpotPriceWalk(pool.price_per_node_hour_usd, seed, pool.name)
+        return walk
+
+
 def setup_for(cfg: DaemonConfig, model: ModelSpec, *, epoch: datetime,
-              horizon_s: float = DEFAULT_HORIZON_S) -> SimSetup:
-    """The ``SimSetup`` of one model of a simulated config (see the module's docstring)."""
+              horizon_s: float = DEFAULT_HORIZON_S, shared: Shared | None = None) -> SimSetup:
+    """The ``SimSetup`` of one model of a simulated config (see the module's docstring); models
+    set up with one ``shared`` share its values."""
     s = _settings(cfg)
+    shared = shared if shared is not None else Shared()
     pools = {n: cfg.pool_specs()[n] for n in model.pools}
     registry = installed()
     spot: dict[str, SpotModel] = {}
@@ -133,11 +179,12 @@ def setup_for(cfg: DaemonConfig, model: ModelSpec, *, epoch: datetime,
             spot[name] = SpotModel(notice_s=DEFAULT_NOTICE_S if notice is None else notice,
                                    interruptions_per_node_hour=s.interruptions_per_node_hour, seed=s.seed,
                                    pool=f"{model.name}/{name}")
-            prices[name] = SpotPriceWalk(p.price_per_node_hour_usd, s.seed, name)
-    return SimSetup(model=model, pools=pools, profiles=profiles_for(cfg, model),
+            prices[name] = shared.price_walk(p, s.seed)
+    profiles, fluid, entries = shared.profiles_for(cfg, model)
+    return SimSetup(model=model, pools=pools, profiles=profiles,
                     workload=load_series(cfg, model.name, horizon_s), slo=_DEFAULT_SLO, spot=spot, seed=s.seed,
                     epoch=epoch, options=EngineOptions(mode="fluid", progress=False), duration_s=horizon_s,
-                    grid=token_grid(cfg), spot_prices=prices)
+                    grid=token_grid(cfg), spot_prices=prices, _fluid=fluid, _fluid_entries=entries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +195,12 @@ class Gap:
 
 class World:
     """Every model of a simulated config, each on its ``Simulation``, moved by the time its
-    providers are asked at. Thread-safe (the daemon's API reads while the scheduler ticks)."""
+    providers are asked at. Thread-safe (the daemon's API reads while the scheduler ticks).
+
+    What a thousand models cost the world, per provider call: ``advance`` moves every model once
+    per new instant (a later call at the same instant only settles the models scaled since, as
+    each model's ``advance_to`` would); a pool's node sum over its models is computed once per
+    instant and scaling; which models a pool serves is fixed at the start."""
 
     def __init__(self, cfg: DaemonConfig, epoch: datetime, *, horizon_s: float = DEFAULT_HORIZON_S) -> None:
         if epoch.tzinfo is None or epoch.utcoffset() is None:
@@ -159,11 +211,22 @@ class World:
         self.pool_specs: dict[str, PoolSpec] = cfg.pool_specs()
         self.model_specs: dict[str, ModelSpec] = cfg.model_specs()
         self.sims: dict[str, Simulation] = {}
+        shared = Shared()
         for name, m in self.model_specs.items():
-            sim = Simulation(setup_for(cfg, m, epoch=epoch, horizon_s=horizon_s),
+            sim = Simulation(setup_for(cfg, m, epoch=epoch, horizon_s=horizon_s, shared=shared),
                              DrivenFromOutside(cfg.loop.interval_s, initial_replicas(cfg, m)))
+            sim.action_log = deque(maxlen=ACTION_LOG_PER_MODEL)
             sim.start()
             self.sims[name] = sim
+        self._served: dict[str, tuple[str, ...]] = {
+            p: tuple(m for m, s in self.sims.items() if p in s.pools) for p in self.pool_specs}
+        self._serves = {p: frozenset(ms) for p, ms in self._served.items()}
+        self._at: float | None = None
+        """The instant every model was last moved to."""
+        self._scaled: set[str] = set()
+        """Models scaled (or hooked) since: the next ``advance`` settles them even at the same instant."""
+        self._nodes: dict[str, int] | None = None
+        """Each pool's node sum over its models, while nothing moved."""
         self.gaps: list[Gap] = []
 
     def seconds(self, now: datetime) -> float:
@@ -174,8 +237,24 @@ class World:
     def advance(self, now: datetime) -> None:
         """Move every model's world to ``now`` (never backwards)."""
         t = self.seconds(now)
+        if self._at is not None and t <= self._at:  # every model is there: settle the ones scaled since
+            for name in self._scaled:
+                self.sims[name].advance_to(t)
+            if self._scaled:
+                self._scaled.clear()
+                self._nodes = None
+            return
         for sim in self.sims.values():
             sim.advance_to(t)
+        self._at = t
+        self._scaled.clear()
+        self._nodes = None
+
+    def touched(self, model: str) -> None:
+        """``model``'s world was changed from outside (scaled, interrupted): what it reports is
+        recomputed at the next read."""
+        self._scaled.add(model)
+        self._nodes = None
 
     @property
     def time(self) -> datetime:
@@ -191,22 +270,32 @@ class World:
             return ModelSignals(model, now, samples={n: Sample.missing("NoData", now) for n in sim.scrape_samples})
         return ModelSignals(model, now, samples=sim.scrape_samples)
 
+    def pool_nodes(self, pool: str, now: datetime) -> int:
+        """Every model's nodes in ``pool`` (models do not share nodes)."""
+        if self._nodes is None:
+            self._nodes = {p: sum(self.sims[m]._pool_views(now)[0][p].nodes or 0 for m in ms)
+                           for p, ms in self._served.items()}
+        return self._nodes[pool]
+
     def pool_state(self, pool: str, model: str, now: datetime) -> PoolState:
         """``model``'s Deployment in ``pool``; ``nodes`` sums every model's nodes there."""
         own = self.sims[model]._pool_views(now)[0][pool]
-        nodes = sum(s._pool_views(now)[0][pool].nodes or 0 for s in self.sims.values() if pool in s.pools)
-        return PoolState(pool=own.pool, replicas=own.replicas, ready_replicas=own.ready_replicas, nodes=nodes,
-                         available=own.available, unavailable_reason=own.unavailable_reason,
-                         interrupted_replicas=own.interrupted_replicas, recent_interruptions=own.recent_interruptions,
+        return PoolState(pool=own.pool, replicas=own.replicas, ready_replicas=own.ready_replicas,
+                         nodes=self.pool_nodes(pool, now), available=own.available,
+                         unavailable_reason=own.unavailable_reason, interrupted_replicas=own.interrupted_replicas,
+                         recent_interruptions=own.recent_interruptions,
                          price_per_node_hour_usd=own.price_per_node_hour_usd, at=now)
 
-    def models_in(self, pool: str) -> list[str]:
-        return [m for m, s in self.sims.items() if pool in s.pools]
+    def models_in(self, pool: str) -> tuple[str, ...]:
+        """The models with a Deployment in ``pool``, in the config's order."""
+        return self._served.get(pool, ())
+
+    def serves(self, pool: str, model: str) -> bool:
+        return model in self._serves.get(pool, ())
 
     def price(self, pool: str, now: datetime) -> float | None:
-        for sim in self.sims.values():
-            if pool in sim.pools:
-                return sim._live_price(pool, self.seconds(now))
+        for m in self._served.get(pool, ()):
+            return self.sims[m]._live_price(pool, self.seconds(now))
         return None
 
     # -- hooks (the demo's and the tests') --------------------------------------------------------
@@ -217,6 +306,7 @@ class World:
         with self.lock:
             for m in self.models_in(pool):
                 self.sims[m].add_unavailable_window(pool, a, a + duration_s)
+                self.touched(m)
 
     def inject_metrics_gap(self, start: datetime, duration_s: float) -> None:
         """From ``start`` for ``duration_s`` every signal reads as missing (a scrape outage)."""
@@ -228,6 +318,7 @@ class World:
         """An interruption notice at ``now`` for the newest serving node of ``model`` in ``pool``."""
         with self.lock:
             self.advance(now)
+            self.touched(model)
             return self.sims[model].interrupt(pool)
 
     def load_requests_per_s(self, model: str, now: datetime) -> float:

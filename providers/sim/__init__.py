@@ -78,7 +78,7 @@ class SimPoolProvider:
         self.failures: list[_InjectedFailure] = []
 
     def _served(self, model: ModelSpec) -> None:
-        if model.name not in self.world.models_in(self.pool.name):
+        if not self.world.serves(self.pool.name, model.name):
             raise PermanentProviderError(f"model {model.name!r} has no Deployment in pool {self.pool.name!r} "
                                          f"(it serves {sorted(self.world.models_in(self.pool.name))})")
 
@@ -100,6 +100,7 @@ class SimPoolProvider:
                 raise PermanentProviderError(
                     f"nodes ({nodes}) must be between 0 and pool {pool.name!r} max_nodes ({pool.max_nodes})")
             w.advance(now)
+            w.touched(model.name)
             sim = w.sims[model.name]
             shared = len(w.models_in(pool.name)) > 1  # models do not share nodes: each holds its own
             target = max(pool.nodes_for(model, replicas) if shared else nodes, pool.min_nodes)

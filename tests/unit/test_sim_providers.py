@@ -336,6 +336,32 @@ def test_models_in_one_pool_hold_their_own_nodes_and_the_pool_counts_them_all() 
     assert (llama.ready_replicas, llama.nodes) == (4, 2)
 
 
+def test_a_pools_node_count_follows_another_models_scale_at_the_same_instant() -> None:
+    sp, clock, specs = make_world([LLAMA, MISTRAL])
+    spot, now = sp.pools["aws-spot"], clock.now()
+    assert spot.state(specs["llama"], now).nodes == 0
+    spot.scale(specs["mistral"], 2, 1, now)  # ordered now: counted at once, in every model's view
+    assert (spot.state(specs["llama"], now).nodes, spot.state(specs["mistral"], now).nodes) == (1, 1)
+    spot.scale(specs["llama"], 4, 1, now)
+    assert spot.state(specs["mistral"], now).nodes == 2
+
+
+def test_a_large_onprem_pool_reports_every_node_and_binds_replicas_as_they_come() -> None:
+    big = [{**POOLS[0], "max_nodes": 5000}, *POOLS[1:]]
+    cfg = DaemonConfig.model_validate({"providers": {"type": "simulated", "seed": 7}, "pools": big,
+                                       "models": [LLAMA, MISTRAL]})
+    clock = ManualClock(T0)
+    sp, specs = build_simulated_providers(cfg, clock), cfg.model_specs()
+    onprem = sp.pools["onprem"]
+    onprem.scale(specs["llama"], 9, 0, clock.now())  # 4 per 8-GPU node at TP 2: three nodes
+    now = clock.advance(90)
+    llama = onprem.state(specs["llama"], now)
+    assert (llama.replicas, llama.ready_replicas, llama.nodes) == (9, 9, 2 * 5000)  # each model owns the pool's nodes
+    # on-prem billed while they hold a pod (llama's three, mistral's one: its initial replica), and
+    # llama's aws-od node group at its min_nodes
+    assert sp.world.cost_per_hour_usd(now) == pytest.approx((3 + 1) * 10.0 + 32.0)
+
+
 def test_capacity_shortage_fails_node_orders_and_marks_the_pool_unavailable() -> None:
     sp, clock, specs = make_world()
     llama, spot = specs["llama"], sp.pools["aws-spot"]

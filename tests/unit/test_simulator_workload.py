@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from controller.sim.scenario import SHARED_DATA
+from controller.sim.load import LoadCurve, LoadShape
 from controller.sim.workload import (
+    CurveSeries,
     RateSeries,
     RequestTrace,
     TokenDistribution,
@@ -150,3 +152,16 @@ def test_causal_bound_counts_what_exceeds_every_earlier_bin() -> None:
     flat = RateSeries("flat", 60.0, np.full(30, 2.0), TOKENS)
     assert causal_attainment_bound(flat, flat.duration_s, 60.0, ready_after_s=600.0) == 1.0
     assert causal_attainment_bound(RateSeries("zero", 60.0, np.zeros(5), TOKENS), 300.0) == 1.0
+
+
+def test_a_curve_series_reads_the_same_rates_as_the_series_built_up_front() -> None:
+    curve = LoadCurve(LoadShape(3.0, 26.0, 600.0, burst_every_s=300.0, burst_factor=2.0, burst_duration_s=60.0), 7, "m")
+    bins, bin_s = 240, 5.0
+    built = RateSeries("load", bin_s, np.array([curve.arrivals(i * bin_s, (i + 1) * bin_s) / bin_s
+                                                for i in range(bins)]), TOKENS, repeats=True)
+    lazy = CurveSeries("load", bin_s, bins, curve.arrivals, TOKENS, repeats=True)
+    times = [0.0, 4.9, 5.0, 299.0, 1199.9, 1200.0, 1234.5, 5 * 1200.0 + 17.0, -1.0]
+    assert [lazy.rate_at(t) for t in times] == [built.rate_at(t) for t in times]  # repeating, 0 before the start
+    assert lazy.duration_s == built.duration_s == 1200.0
+    assert np.array_equal(lazy.head(61.0).rate_per_s, built.head(61.0).rate_per_s)
+    assert np.array_equal(lazy.rate_per_s, built.rate_per_s)
