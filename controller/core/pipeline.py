@@ -13,9 +13,12 @@ raw opinions; the framework owns the safeguards, as in Ray Serve and the HPA):
  7. ``bounds``       min/max (an operator's bounds override replaces them, never above the
                      policy's max); FLOOR opinions (schedules) raise the min
  8. ``overrides``    pins (total or per pool), drains, freezes
- 9. ``placement``    replicas per pool (``controller.core.placement.place``)
-10. ``budget``       the cost ceilings, integrated into placement: the best placement within them
-11. ``outcome``      whether to actuate, and the scale event for the rate limits' memory
+ 9. ``lead-time``    how many replicas the cloud pools may hold (``controller.core.leadtime``): cloud
+                     capacity only for demand expected at its ready time, released on its own
+                     short window; the rest of the total stays on-prem or waits
+10. ``placement``    replicas per pool (``controller.core.placement.place``)
+11. ``budget``       the cost ceilings, integrated into placement: the best placement within them
+12. ``outcome``      whether to actuate, and the scale event for the rate limits' memory
 
 Each stage is a function of its own, named after it (``_recommend``, ``_combine``, ...,
 ``_outcome``; HPA's shape: one step, one value, one reason), and ``decide`` is the sequence of
@@ -38,6 +41,7 @@ from functools import partial
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from controller.core import capacity as learned_capacity
+from controller.core import leadtime
 from controller.core import stabilize as stab
 from controller.core.model import (
     Decision,
@@ -63,7 +67,7 @@ from controller.core.spec import Behavior, Bounds, Budget, MissingData, OnMissin
 from policies.base import PolicyContext, SLOTargets
 
 STAGES = ("recommend", "combine", "tolerance", "missing-data", "stabilize", "rate-limit", "bounds",
-          "overrides", "placement", "budget", "outcome")
+          "overrides", "lead-time", "placement", "budget", "outcome")
 """Stage names, in order, as they appear in every full trace. A decision taken before every pool
 was observed has the single stage ``observe`` (``NotObservedYet``)."""
 
@@ -494,6 +498,46 @@ def _overrides(prev: _Step, effect: OverrideEffect, previous: Mapping[str, int],
     return fixed, drained, _Step(value, reason, Stage("overrides", value, reason, effect.describe()))
 
 
+def _need(op: _Opinions, total: int, load: float | None, missing: bool) -> leadtime.Need:
+    """What the rules say the load needs now and one lead time ahead, without memory of past
+    peaks (``Recommendation.present_replicas``, ``trend_replicas``), at most ``total``."""
+    present = trend = 0
+    for rec in op.recs:
+        if rec.replicas is None or rec.opinion is not Opinion.TARGET:
+            continue
+        now = rec.replicas if rec.present_replicas is None else rec.present_replicas
+        present = max(present, now)
+        trend = max(trend, now if rec.trend_replicas is None else rec.trend_replicas)
+    return leadtime.Need(total=total, present=min(present, total), trend=min(trend, total), load=load,
+                         missing=missing)
+
+
+def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str, PoolSpec], signals: ModelSignals,
+               spec: PolicySpec, history: History, fixed: Mapping[str, int], drained: frozenset[str],
+               load: float | None, lo: int, now: datetime) -> tuple[int | None, _Step]:
+    """Stage 9: (the cloud ceiling for placement, the step): the total less what the cloud may
+    not hold (``controller.core.leadtime``), never below the min ``lo`` (bounds and floors beat
+    it); its state goes to ``op.rule_state``."""
+    value, rules = prev.value, spec.lead_time
+    if fixed:
+        # pins beat lead-time economics, as they beat bounds: place what the operator pinned
+        return None, _Step(value, prev.reason, Stage("lead-time", value, prev.reason, "pinned pools: not applied"))
+    states = signals.pools
+    missing = bool(op.missing or signals.degraded) and spec.missing_data.on_missing is OnMissing.HOLD
+    onprem = leadtime.onprem_room(model, pools, states, spec.placement, drained)
+    cloud, ready = leadtime.cloud_replicas(model, pools, states)
+    cap = leadtime.cloud_cap(history.rule_state.get(leadtime.STATE_KEY, _EMPTY_STATE), _need(op, value, load, missing),
+                             now_s=now.timestamp(), onprem=onprem, cloud=cloud, cloud_ready=ready,
+                             lead_s=leadtime.cloud_lead_time_s(model, pools, spec.placement, drained), rules=rules)
+    op.rule_state[leadtime.STATE_KEY] = cap.state
+    max_cloud = cap.max_cloud if cap.max_cloud is None else max(cap.max_cloud, lo - onprem)
+    if max_cloud is None or value <= onprem + max_cloud:
+        return max_cloud, _Step(value, prev.reason, Stage("lead-time", value, prev.reason, cap.message))
+    placed = onprem + max_cloud
+    code = cap.reason or Reason.CLOUD_NOT_NEEDED.value
+    return max_cloud, _Step(placed, code, Stage("lead-time", placed, code, f"{value} -> {placed}: {cap.message}"))
+
+
 def _cost_cap(budget: Budget, signals: ModelSignals, now: datetime, max_age_s: float, lo: int, total: int,
               fill: Callable[..., PlacementResult]) -> _Cap:
     """Stage 10, first half: the ceiling placement works within. ``fill(total=, max_cost_per_hour_usd=)``
@@ -613,12 +657,15 @@ def decide(
     effect = resolve(overrides, model=model, now=now)
     lo, bounded = _bounds(limited, effect, op.floor, spec.bounds)
     fixed, drained, overridden = _overrides(bounded, effect, previous, spec.bounds.max_replicas)
+    max_cloud, timed = _lead_time(overridden, op, model, pools, signals, spec, history, fixed, drained,
+                                  None if learned is None else _load_units(signals, learned.prior, now, max_age_s),
+                                  lo, now)
     fill = partial(place, model=model, pools=pools, states=states, placement=spec.placement, drained=drained,
-                   pinned=fixed)
-    cap = _cost_cap(spec.budget, signals, now, max_age_s, lo, overridden.value, fill)
-    result = fill(total=overridden.value, max_cost_per_hour_usd=cap.usd)
-    placed = _placement(overridden, result, current, previous, fixed)
-    budgeted = _budget(placed, result, cap, overridden.value, lo)
+                   pinned=fixed, max_cloud=max_cloud)
+    cap = _cost_cap(spec.budget, signals, now, max_age_s, lo, timed.value, fill)
+    result = fill(total=timed.value, max_cost_per_hour_usd=cap.usd)
+    placed = _placement(timed, result, current, previous, fixed)
+    budgeted = _budget(placed, result, cap, timed.value, lo)
     out = _outcome(budgeted, result, effect, paused, current, previous,
                    partial(placement_cost, model, pools, states, previous))
     if out.actuate and out.replicas != current:
@@ -627,7 +674,7 @@ def decide(
         model=model.name, at=now, current_replicas=current, replicas=out.replicas, placement=out.placement,
         previous_placement=previous, recommendations=op.recs,
         trace=(recommended.stage, combined.stage, tolerated.stage, guarded.stage, stabilized.stage, limited.stage,
-               bounded.stage, overridden.stage, placed.stage, budgeted.stage, out.stage),
+               bounded.stage, overridden.stage, timed.stage, placed.stage, budgeted.stage, out.stage),
         reason=out.reason, actuate=out.actuate, cost_per_hour_usd=out.cost_per_hour_usd,
         policy_version=policy.version,
         history=History(recommendations=recommendations, scale_events=events, rule_state=op.rule_state),

@@ -130,7 +130,10 @@ QUIET = {"tolerance": 0, "scale_up": {"policies": []}, "scale_down": {"stabiliza
 
 
 def policy(*rules: PolicyKind, version: str = "v1", **spec: Any) -> EffectivePolicy:
-    doc = {"model": "m", "bounds": {"min_replicas": 1, "max_replicas": 20}, "behavior": QUIET, **spec}
+    # Lead-time economics off unless a test asks for it: these tests are about the other stages,
+    # on a fleet whose on-prem pool holds 4 replicas (tests/unit/test_lead_time.py covers it).
+    doc = {"model": "m", "bounds": {"min_replicas": 1, "max_replicas": 20}, "behavior": QUIET,
+           "lead_time": {"enabled": False}, **spec}
     return EffectivePolicy("m", PolicySpec.model_validate(doc), tuple(rules), version)
 
 
