@@ -242,8 +242,8 @@ def cloud_cap(state: Mapping[str, Any], need: Need, *, now_s: float, onprem: int
         return CloudCap(None, None, "off" if not rules.enabled else "no cloud pool", dict(state))
     b = _Bursts.read(state)
     window = rules.cloud_scale_down_s
-    over = need.present - onprem
-    b.observe(now_s, over > 0, window, rules.burst_history)
+    in_burst = need.present > onprem
+    b.observe(now_s, in_burst, window, rules.burst_history)
     steady = rising(b.loads + ([(now_s, need.load)] if need.load is not None else []), now_s, lead_s)
     expected = max(need.present, need.trend) if steady else need.present
     keep = b.remember(now_s, max(0, min(expected, need.total) - onprem), window, need.load, lead_s)
@@ -251,29 +251,42 @@ def cloud_cap(state: Mapping[str, Any], need: Need, *, now_s: float, onprem: int
         keep = max(keep, cloud)  # missing data never releases capacity
     wanted = max(0, need.total - onprem)
     age = 0.0 if b.since is None else now_s - b.since
-    p = survival(age, lead_s, b.durations) if over > 0 else 0.0
-    why_order = ""
-    if over > 0 and p >= rules.min_survival:
-        why_order = (f"burst {age:.0f}s old, P(still on in {lead_s:.0f}s) = {p:.2f} >= {rules.min_survival:g}"
-                     f" from {len(b.durations)} past burst(s)")
-    elif steady and need.trend > onprem:
-        why_order = f"load rising steadily over {lead_s:.0f}s, trend needs {need.trend} > on-prem {onprem}"
-    if why_order:
+    p = survival(age, lead_s, b.durations) if in_burst else 0.0
+    why = _why_order(in_burst, p, age, lead_s, len(b.durations), steady, need.trend, onprem, rules)
+    if why:
         cap = max(wanted, min(cloud, keep))
-        return CloudCap(cap, None, f"cloud up to {cap}: {why_order}", b.state())
+        return CloudCap(cap, None, f"cloud up to {cap}: {why}", b.state())
     cap = min(cloud, keep)
     if wanted <= cap:
         return CloudCap(cap, None, f"cloud {cloud} ({cloud_ready} ready), need beyond on-prem {onprem}: {wanted}",
                         b.state())
-    if over > 0:
-        msg = (f"burst {age:.0f}s old, P(still on in {lead_s:.0f}s lead time) = {p:.2f} < {rules.min_survival:g} "
-               f"from {len(b.durations)} past burst(s): serving it from on-prem ({onprem}), not ordering "
-               f"{wanted - cap} cloud replica(s); keeping {cap} of {cloud} cloud")
-        return CloudCap(cap, Reason.BURST_SHORTER_THAN_LEAD_TIME.value, msg, b.state())
+    if in_burst:
+        return CloudCap(cap, Reason.BURST_SHORTER_THAN_LEAD_TIME.value,
+                        f"burst {age:.0f}s old, P(still on in {lead_s:.0f}s lead time) = {p:.2f} < "
+                        f"{rules.min_survival:g} from {len(b.durations)} past burst(s): serving it from on-prem "
+                        f"({onprem}), not ordering {wanted - cap} cloud replica(s); keeping {cap} of {cloud} cloud",
+                        b.state())
+    return _released(need, cap, cloud, onprem, window, b.state())
+
+
+def _why_order(in_burst: bool, p: float, age: float, lead_s: float, n_bursts: int, steady: bool, trend: int,
+               onprem: int, rules: LeadTime) -> str:
+    """Why new cloud replicas may be ordered now ("" when they may not)."""
+    if in_burst and p >= rules.min_survival:
+        return (f"burst {age:.0f}s old, P(still on in {lead_s:.0f}s) = {p:.2f} >= {rules.min_survival:g}"
+                f" from {n_bursts} past burst(s)")
+    if steady and trend > onprem:
+        return f"load rising steadily over {lead_s:.0f}s, trend needs {trend} > on-prem {onprem}"
+    return ""
+
+
+def _released(need: Need, cap: int, cloud: int, onprem: int, window: float, state: dict[str, Any]) -> CloudCap:
+    """No burst: cloud replicas beyond the present need go (``CloudReleased``), and none is ordered
+    for a total that is memory or an unsteady trend (``CloudNotNeeded``)."""
     if cap < cloud:
-        msg = (f"need {need.present} fits on-prem ({onprem}) for {window:g}s: releasing {cloud - cap} of {cloud} "
-               f"cloud replica(s) (not ready first)")
-        return CloudCap(cap, Reason.CLOUD_RELEASED.value, msg, b.state())
-    msg = (f"need {need.present} fits on-prem ({onprem}); the total {need.total} beyond it is memory of past "
-           f"peaks or a trend that is not steady: no cloud replica ordered for it")
-    return CloudCap(cap, Reason.CLOUD_NOT_NEEDED.value, msg, b.state())
+        return CloudCap(cap, Reason.CLOUD_RELEASED.value,
+                        f"need {need.present}, on-prem {onprem}: at most {cap} needed beyond it over the last "
+                        f"{window:g}s: releasing {cloud - cap} of {cloud} cloud replica(s) (not ready first)", state)
+    return CloudCap(cap, Reason.CLOUD_NOT_NEEDED.value,
+                    f"need {need.present} fits on-prem ({onprem}); the total {need.total} beyond it is memory of "
+                    "past peaks or a trend that is not steady: no cloud replica ordered for it", state)
