@@ -155,8 +155,11 @@ class Need:
     trend: int
     """The need the rules' trend expects one lead time ahead (no memory)."""
     load: float | None
-    """The load in replicas of the profile's capacity (requests or output tokens, the larger), for
-    :func:`rising`; ``None`` when unknown."""
+    """The request rate in replicas of the profile's capacity, for :func:`rising`; ``None`` when
+    unknown."""
+    queue: float | None
+    """The requests waiting, in replica-seconds of the profile's capacity: their growth is arrival
+    the rate does not show while the replicas are saturated."""
     missing: bool
     """A rule had no opinion for lack of data and the policy holds on missing data."""
 
@@ -197,38 +200,64 @@ class _Bursts:
     since: float | None
     last_over: float | None
     durations: tuple[float, ...]
+    gaps: tuple[float, ...]
     recent: list[tuple[float, float]]
     loads: list[tuple[float, float]]
+    queue: tuple[float, float] | None
+    """(time, requests waiting) at the last load sample."""
 
     @classmethod
     def read(cls, state: Mapping[str, Any]) -> "_Bursts":
-        return cls(_opt(state.get("since")), _opt(state.get("last_over")), _floats(state.get("bursts")),
-                   _pairs(state.get("recent")), _pairs(state.get("loads")))
+        queue = _pairs((state["queue"],)) if state.get("queue") is not None else []
+        return cls(_opt(state.get("since")), _opt(state.get("last_over")), _floats(state.get("bursts")), _floats(state.get("gaps")),
+                   _pairs(state.get("recent")), _pairs(state.get("loads")), queue[0] if queue else None)
 
-    def observe(self, now_s: float, over: bool, window_s: float, keep: int) -> None:
+    def hold_s(self, window_s: float, lead_s: float) -> float:
+        """How long cloud replicas outlive the need for them: ``window_s``, or when past bursts
+        came in trains with gaps shorter than the lead time (a replica released in such a gap
+        cannot be back for the next burst), the median gap."""
+        if not self.gaps:
+            return window_s
+        gap = sorted(self.gaps)[len(self.gaps) // 2]
+        return max(window_s, gap) if gap < lead_s else window_s
+
+    def observe(self, now_s: float, over: bool, hold_s: float, keep: int) -> None:
         """A burst starts when the present need first exceeds on-prem and ends once it has fit
-        on-prem for ``window_s`` (a shorter dip does not split it)."""
+        on-prem for ``hold_s`` (a shorter dip does not split it); the gap before it is kept."""
         if over:
             if self.since is None:
                 self.since = now_s
+                if self.last_over is not None:
+                    self.gaps = (self.gaps + (now_s - self.last_over,))[-keep:] if keep else ()
             self.last_over = now_s
-        elif self.since is not None and self.last_over is not None and now_s - self.last_over >= window_s:
+        elif self.since is not None and self.last_over is not None and now_s - self.last_over >= hold_s:
             self.durations = (self.durations + (self.last_over - self.since,))[-keep:] if keep else ()
             self.since = None
 
-    def remember(self, now_s: float, beyond: int, window_s: float, load: float | None, lead_s: float) -> int:
-        """Record the need beyond on-prem and the load; the most beyond on-prem in the window."""
+    def arrivals(self, now_s: float, load: float | None, queue: float | None) -> float | None:
+        """The arrivals now: the rate taken in plus the queue's growth since the last sample
+        (while the replicas are saturated the rate is flat and the queue grows by the rest)."""
+        if load is None:
+            return None
+        if queue is None or self.queue is None or now_s <= self.queue[0]:
+            return load
+        return max(0.0, load + (queue - self.queue[1]) / (now_s - self.queue[0]))
+
+    def remember(self, now_s: float, beyond: int, window_s: float, arrivals: float | None, queue: float | None,
+                 lead_s: float) -> int:
+        """Record the need beyond on-prem and the arrivals; the most beyond on-prem in the window."""
         self.recent = [(t, v) for t, v in self.recent if now_s - t < window_s] + [(now_s, float(beyond))]
-        if load is not None and (not self.loads or now_s - self.loads[-1][0] >= LOAD_SAMPLE_S):
-            self.loads.append((now_s, load))
+        if arrivals is not None and (not self.loads or now_s - self.loads[-1][0] >= LOAD_SAMPLE_S):
+            self.loads.append((now_s, arrivals))
+            self.queue = None if queue is None else (now_s, queue)
         # the oldest sample at least lead_s old stays: rising() needs one there
         k = bisect_left([t for t, _ in self.loads], now_s - lead_s)
         self.loads = self.loads[max(0, k - 1):]
         return int(max(v for _, v in self.recent))
 
     def state(self) -> dict[str, Any]:
-        return {"since": self.since, "last_over": self.last_over, "bursts": self.durations,
-                "recent": tuple(self.recent), "loads": tuple(self.loads)}
+        return {"since": self.since, "last_over": self.last_over, "bursts": self.durations, "gaps": self.gaps,
+                "recent": tuple(self.recent), "loads": tuple(self.loads), "queue": self.queue}
 
 
 def cloud_cap(state: Mapping[str, Any], need: Need, *, now_s: float, onprem: int, cloud: int, cloud_ready: int,
@@ -241,12 +270,13 @@ def cloud_cap(state: Mapping[str, Any], need: Need, *, now_s: float, onprem: int
     if not rules.enabled or lead_s is None:
         return CloudCap(None, None, "off" if not rules.enabled else "no cloud pool", dict(state))
     b = _Bursts.read(state)
-    window = rules.cloud_scale_down_s
+    window = b.hold_s(rules.cloud_scale_down_s, lead_s)
     in_burst = need.present > onprem
     b.observe(now_s, in_burst, window, rules.burst_history)
-    steady = rising(b.loads + ([(now_s, need.load)] if need.load is not None else []), now_s, lead_s)
+    arrivals = b.arrivals(now_s, need.load, need.queue)
+    steady = rising(b.loads + ([(now_s, arrivals)] if arrivals is not None else []), now_s, lead_s)
     expected = max(need.present, need.trend) if steady else need.present
-    keep = b.remember(now_s, max(0, min(expected, need.total) - onprem), window, need.load, lead_s)
+    keep = b.remember(now_s, max(0, min(expected, need.total) - onprem), window, arrivals, need.queue, lead_s)
     if need.missing:
         keep = max(keep, cloud)  # missing data never releases capacity
     wanted = max(0, need.total - onprem)

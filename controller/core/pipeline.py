@@ -191,6 +191,19 @@ def _load_units(signals: ModelSignals, prior: ReplicaCapacity, now: datetime, ma
     return units
 
 
+def _arrivals(signals: ModelSignals, prior: ReplicaCapacity, now: datetime, max_age_s: float
+              ) -> tuple[float | None, float | None]:
+    """(request rate, requests waiting), both in replicas of the prior's capacity (the waiting ones
+    in replica-seconds): lead-time economics watches the arrivals for a steady rise, and the rate
+    the replicas take in stops rising when they saturate while the queue grows."""
+    per = prior.requests_per_s
+    if per <= 0:
+        return None, None
+    rate = signals.request_rate_per_s.fresh(now, max_age_s)
+    queue = signals.queue_depth.fresh(now, max_age_s)
+    return (None if rate is None else rate / per), (None if queue is None else queue / per)
+
+
 def _capacity(
     model: ModelSpec,
     pools: Mapping[str, PoolSpec],
@@ -498,7 +511,7 @@ def _overrides(prev: _Step, effect: OverrideEffect, previous: Mapping[str, int],
     return fixed, drained, _Step(value, reason, Stage("overrides", value, reason, effect.describe()))
 
 
-def _need(op: _Opinions, total: int, load: float | None, missing: bool) -> leadtime.Need:
+def _need(op: _Opinions, total: int, load: tuple[float | None, float | None], missing: bool) -> leadtime.Need:
     """What the rules say the load needs now and one lead time ahead, without memory of past
     peaks (``Recommendation.present_replicas``, ``trend_replicas``), at most ``total``."""
     present = trend = 0
@@ -508,13 +521,13 @@ def _need(op: _Opinions, total: int, load: float | None, missing: bool) -> leadt
         now = rec.replicas if rec.present_replicas is None else rec.present_replicas
         present = max(present, now)
         trend = max(trend, now if rec.trend_replicas is None else rec.trend_replicas)
-    return leadtime.Need(total=total, present=min(present, total), trend=min(trend, total), load=load,
-                         missing=missing)
+    return leadtime.Need(total=total, present=min(present, total), trend=min(trend, total), load=load[0],
+                         queue=load[1], missing=missing)
 
 
 def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str, PoolSpec], signals: ModelSignals,
                spec: PolicySpec, history: History, fixed: Mapping[str, int], drained: frozenset[str],
-               load: float | None, lo: int, now: datetime) -> tuple[int | None, _Step]:
+               load: tuple[float | None, float | None], lo: int, now: datetime) -> tuple[int | None, _Step]:
     """Stage 9: (the cloud ceiling for placement, the step): the total less what the cloud may
     not hold (``controller.core.leadtime``), never below the min ``lo`` (bounds and floors beat
     it); its state goes to ``op.rule_state``."""
@@ -658,7 +671,7 @@ def decide(
     lo, bounded = _bounds(limited, effect, op.floor, spec.bounds)
     fixed, drained, overridden = _overrides(bounded, effect, previous, spec.bounds.max_replicas)
     max_cloud, timed = _lead_time(overridden, op, model, pools, signals, spec, history, fixed, drained,
-                                  None if learned is None else _load_units(signals, learned.prior, now, max_age_s),
+                                  (None, None) if learned is None else _arrivals(signals, learned.prior, now, max_age_s),
                                   lo, now)
     fill = partial(place, model=model, pools=pools, states=states, placement=spec.placement, drained=drained,
                    pinned=fixed, max_cloud=max_cloud)
