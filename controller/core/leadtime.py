@@ -13,12 +13,14 @@ pipeline's ``lead-time`` stage applies it and placement keeps within it
   the burst is expected to outlast the lead time (:func:`survival`: from the durations of past
   bursts, with the burst's own age as the prior: a burst ``a`` seconds old is taken to last
   another ``a``, so with no history nothing is ordered before a burst is one lead time old), or
-  the load has risen steadily over the last lead time and the rules' trend expects the need beyond
-  on-prem (:func:`rising`: a step or a spike is not a trend). Otherwise the burst is served from
-  on-prem spare (``BurstShorterThanLeadTime``).
+  the arrivals (the request rate plus the queue's growth) have risen steadily over the last lead
+  time and the rules' trend expects the need beyond on-prem (:func:`rising`: a step or a spike is
+  not a trend). Otherwise the burst is served from on-prem spare (``BurstShorterThanLeadTime``).
 * **Scale-in by tier.** Cloud replicas stay while the present need (or a steady rise) needs them,
   and go once it has fit without them for ``spec.lead_time.cloud_scale_down_s`` (short, 60 s by
-  default: ``CloudReleased``); on-prem keeps the policy's long scale-down window and burst memory.
+  default: ``CloudReleased``), or, when past bursts came in trains with gaps shorter than the lead
+  time, for the median gap (:meth:`_Bursts.hold_s`); on-prem keeps the policy's long scale-down
+  window and burst memory.
   Placement removes cloud replicas that are not ready yet first: an order that is still
   provisioning is cancelled before a replica that serves.
 * **Missing data** never releases: while a rule has no opinion for lack of data (and the policy
@@ -30,8 +32,9 @@ of the load seen now, without anticipation or memory of past peaks) and
 memory); a reactive rule's ``replicas`` is both.
 
 The state is plain JSON in the history's rule state under :data:`STATE_KEY`: the start of the
-current burst and when the need last exceeded on-prem, the durations of past bursts, the recent
-need beyond on-prem (the scale-down window's memory) and the load samples of the last lead time.
+current burst and when the need last exceeded on-prem, the durations of past bursts and the gaps
+between them, the recent need beyond on-prem (the scale-down window's memory), the arrival samples
+of the last lead time and the queue at the last one.
 Nothing here reads the clock.
 """
 

@@ -191,3 +191,19 @@ def test_rising_needs_a_steady_rise_over_the_whole_lead_time() -> None:
     assert not leadtime.rising(step, 600.0, 480.0)
     # no trend before the history covers the lead time
     assert not leadtime.rising(ramp[-10:], 600.0, 480.0)
+
+
+def test_spikes_in_a_train_keep_their_cloud_replicas_through_the_gaps() -> None:
+    # a long burst teaches that bursts last (cloud bought), then 2-minute spikes every 5 minutes:
+    # gaps of 3 minutes are shorter than the 8-minute lead time, so once two gaps are known the
+    # cloud replicas stay through them instead of going after 60 s and coming back too late
+    def rate(t: float) -> float:
+        m = t / 60
+        if 10 <= m < 40:
+            return 12.0
+        return 12.0 if m >= 40 and (m - 40) % 5 >= 3 else 2.0
+    ticks = run(rate, 80)
+    late = [(t, d) for t, d, _ in ticks if 60 * 60 <= t < 80 * 60]
+    assert all(cloud(d) > 0 for _, d in late)
+    gaps = ticks[-1][1].history.rule_state[leadtime.STATE_KEY]["gaps"]
+    assert gaps and all(gap < LEAD_S for gap in gaps)
