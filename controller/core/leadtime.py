@@ -158,11 +158,10 @@ class Need:
     trend: int
     """The need the rules' trend expects one lead time ahead (no memory)."""
     load: float | None
-    """The request rate in replicas of the profile's capacity, for :func:`rising`; ``None`` when
-    unknown."""
+    """The request rate, requests/s, for :func:`rising`; ``None`` when unknown."""
     queue: float | None
-    """The requests waiting, in replica-seconds of the profile's capacity: their growth is arrival
-    the rate does not show while the replicas are saturated."""
+    """The requests waiting: their growth is arrival the rate does not show while the replicas are
+    saturated."""
     missing: bool
     """A rule had no opinion for lack of data and the policy holds on missing data."""
 

@@ -191,17 +191,13 @@ def _load_units(signals: ModelSignals, prior: ReplicaCapacity, now: datetime, ma
     return units
 
 
-def _arrivals(signals: ModelSignals, prior: ReplicaCapacity, now: datetime, max_age_s: float
-              ) -> tuple[float | None, float | None]:
-    """(request rate, requests waiting), both in replicas of the prior's capacity (the waiting ones
-    in replica-seconds): lead-time economics watches the arrivals for a steady rise, and the rate
-    the replicas take in stops rising when they saturate while the queue grows."""
-    per = prior.requests_per_s
-    if per <= 0:
-        return None, None
-    rate = signals.request_rate_per_s.fresh(now, max_age_s)
-    queue = signals.queue_depth.fresh(now, max_age_s)
-    return (None if rate is None else rate / per), (None if queue is None else queue / per)
+def _arrivals(signals: ModelSignals, now: datetime, max_age_s: float) -> tuple[float | None, float | None]:
+    """(request rate, requests waiting): lead-time economics watches the arrivals for a steady
+    rise, and the rate the replicas take in stops rising when they saturate while the queue grows.
+    Requests as they are, not in replicas of a capacity: the capacity for the observed token mix
+    moves with the load while the replicas saturate (the served token rate is flat, so the
+    observed tokens per request fall), and would hide the rise."""
+    return signals.request_rate_per_s.fresh(now, max_age_s), signals.queue_depth.fresh(now, max_age_s)
 
 
 def _capacity(
@@ -671,8 +667,7 @@ def decide(
     lo, bounded = _bounds(limited, effect, op.floor, spec.bounds)
     fixed, drained, overridden = _overrides(bounded, effect, previous, spec.bounds.max_replicas)
     max_cloud, timed = _lead_time(overridden, op, model, pools, signals, spec, history, fixed, drained,
-                                  (None, None) if learned is None else _arrivals(signals, learned.prior, now, max_age_s),
-                                  lo, now)
+                                  _arrivals(signals, now, max_age_s), lo, now)
     fill = partial(place, model=model, pools=pools, states=states, placement=spec.placement, drained=drained,
                    pinned=fixed, max_cloud=max_cloud)
     cap = _cost_cap(spec.budget, signals, now, max_age_s, lo, timed.value, fill)
