@@ -99,7 +99,7 @@ class _Opinions(NamedTuple):
 
 
 class _Cap(NamedTuple):
-    """The cost ceiling placement works within (stage 10, computed before placing)."""
+    """The cost ceiling placement works within (stage 11, computed before placing)."""
 
     usd: float | None
     reason: str
@@ -109,7 +109,7 @@ class _Cap(NamedTuple):
 
 
 class _Outcome(NamedTuple):
-    """Stage 11's value: what the decision carries out (or, frozen or paused, does not)."""
+    """Stage 12's value: what the decision carries out (or, frozen or paused, does not)."""
 
     placement: Mapping[str, int]
     replicas: int
@@ -530,6 +530,8 @@ def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str,
     value, rules = prev.value, spec.lead_time
     if fixed:
         # pins beat lead-time economics, as they beat bounds: place what the operator pinned
+        # (the burst history is kept as it was)
+        op.rule_state[leadtime.STATE_KEY] = history.rule_state.get(leadtime.STATE_KEY, _EMPTY_STATE)
         return None, _Step(value, prev.reason, Stage("lead-time", value, prev.reason, "pinned pools: not applied"))
     states = signals.pools
     missing = bool(op.missing or signals.degraded) and spec.missing_data.on_missing is OnMissing.HOLD
@@ -549,7 +551,7 @@ def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str,
 
 def _cost_cap(budget: Budget, signals: ModelSignals, now: datetime, max_age_s: float, lo: int, total: int,
               fill: Callable[..., PlacementResult]) -> _Cap:
-    """Stage 10, first half: the ceiling placement works within. ``fill(total=, max_cost_per_hour_usd=)``
+    """Stage 11, first half: the ceiling placement works within. ``fill(total=, max_cost_per_hour_usd=)``
     places like the placement stage will."""
     hard, per_million = budget.max_cost_per_hour_usd, budget.max_cost_per_million_tokens_usd
     if per_million is None:
@@ -575,7 +577,7 @@ def _cost_cap(budget: Budget, signals: ModelSignals, now: datetime, max_age_s: f
 
 def _placement(prev: _Step, result: PlacementResult, current: int, previous: Mapping[str, int],
                fixed: Mapping[str, int]) -> _Step:
-    """Stage 9: replicas per pool. The total's reason stays unless placement limited it, or only
+    """Stage 10: replicas per pool. The total's reason stays unless placement limited it, or only
     the placement moved (then the placement event is the story)."""
     placed, reason = result.total, prev.reason
     moved_only = placed == current and result.replicas != previous
@@ -592,7 +594,7 @@ def _placement(prev: _Step, result: PlacementResult, current: int, previous: Map
 
 
 def _budget(prev: _Step, result: PlacementResult, cap: _Cap, total: int, lo: int) -> _Step:
-    """Stage 10, second half: what the cost ceiling did to the placement."""
+    """Stage 11, second half: what the cost ceiling did to the placement."""
     placed, note = prev.value, (f"; {cap.note}" if cap.note else "")
     if cap.usd is None:
         return _Step(placed, prev.reason, Stage("budget", placed, prev.reason,
@@ -611,7 +613,7 @@ def _budget(prev: _Step, result: PlacementResult, cap: _Cap, total: int, lo: int
 
 def _outcome(prev: _Step, result: PlacementResult, effect: OverrideEffect, paused: bool, current: int,
              previous: dict[str, int], frozen_cost: Callable[[], float]) -> _Outcome:
-    """Stage 11: whether to actuate. A freeze keeps the placement as it is (the trace above shows
+    """Stage 12: whether to actuate. A freeze keeps the placement as it is (the trace above shows
     what it would have done); ``paused`` decides without acting."""
     placed, placement = prev.value, result.replicas
     if effect.freeze is not None:
