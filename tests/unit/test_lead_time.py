@@ -77,9 +77,10 @@ class World:
                 times.extend([now_s] * (n - len(times)))
 
 
-def run(rate: Callable[[float], float], minutes: float, pol: EffectivePolicy | None = None,
+def run(rate: Callable[[float], float | None], minutes: float, pol: EffectivePolicy | None = None,
         world: World | None = None) -> list[tuple[float, Decision, dict[str, PoolState]]]:
-    """(seconds since T0, decision, pool states it saw) every tick for ``minutes``."""
+    """(seconds since T0, decision, pool states it saw) every tick for ``minutes``; a rate of
+    ``None`` is a missing sample."""
     pol = pol or policy()
     world = world or World({"onprem": [-1e9, -1e9], "spot": [], "od": []})
     history = History()
@@ -88,7 +89,9 @@ def run(rate: Callable[[float], float], minutes: float, pol: EffectivePolicy | N
         t = i * TICK_S
         now = T0 + timedelta(seconds=t)
         states = world.states(t)
-        sig = ModelSignals("m", now, pools=states, request_rate_per_s=Sample(rate(t), now),
+        r = rate(t)
+        sig = ModelSignals("m", now, pools=states,
+                           request_rate_per_s=Sample(r, now) if r is not None else Sample.missing("NoData", now),
                            output_tokens_per_s=Sample(0.0, now), queue_depth=Sample(0.0, now))
         d = decide(model=MODEL, pools=POOLS, signals=sig, policy=pol, history=history, overrides=(), now=now)
         history = d.history
@@ -207,3 +210,9 @@ def test_spikes_in_a_train_keep_their_cloud_replicas_through_the_gaps() -> None:
     assert all(cloud(d) > 0 for _, d in late)
     gaps = ticks[-1][1].history.rule_state[leadtime.STATE_KEY]["gaps"]
     assert gaps and all(gap < LEAD_S for gap in gaps)
+
+
+def test_missing_data_never_releases_cloud_replicas() -> None:
+    # the request rate goes missing as the long burst ends: the cloud replicas stay
+    ticks = run(lambda t: 12.0 if t < 50 * 60 else None, 60)
+    assert all(cloud(d) > 0 for t, d, _ in ticks if 50 * 60 <= t < 60 * 60)
