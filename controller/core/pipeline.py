@@ -523,16 +523,17 @@ def _need(op: _Opinions, total: int, load: tuple[float | None, float | None], mi
 
 def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str, PoolSpec], signals: ModelSignals,
                spec: PolicySpec, history: History, fixed: Mapping[str, int], drained: frozenset[str],
-               load: tuple[float | None, float | None], lo: int, now: datetime) -> tuple[int | None, _Step]:
+               load: tuple[float | None, float | None], lo: int, pinned_total: bool, now: datetime
+               ) -> tuple[int | None, _Step]:
     """Stage 9: (the cloud ceiling for placement, the step): the total less what the cloud may
     not hold (``controller.core.leadtime``), never below the min ``lo`` (bounds and floors beat
     it); its state goes to ``op.rule_state``."""
     value, rules = prev.value, spec.lead_time
-    if fixed:
+    if fixed or pinned_total:
         # pins beat lead-time economics, as they beat bounds: place what the operator pinned
         # (the burst history is kept as it was)
         op.rule_state[leadtime.STATE_KEY] = history.rule_state.get(leadtime.STATE_KEY, _EMPTY_STATE)
-        return None, _Step(value, prev.reason, Stage("lead-time", value, prev.reason, "pinned pools: not applied"))
+        return None, _Step(value, prev.reason, Stage("lead-time", value, prev.reason, "pinned: not applied"))
     states = signals.pools
     missing = bool(op.missing or signals.degraded) and spec.missing_data.on_missing is OnMissing.HOLD
     onprem = leadtime.onprem_room(model, pools, states, spec.placement, drained)
@@ -669,7 +670,7 @@ def decide(
     lo, bounded = _bounds(limited, effect, op.floor, spec.bounds)
     fixed, drained, overridden = _overrides(bounded, effect, previous, spec.bounds.max_replicas)
     max_cloud, timed = _lead_time(overridden, op, model, pools, signals, spec, history, fixed, drained,
-                                  _arrivals(signals, now, max_age_s), lo, now)
+                                  _arrivals(signals, now, max_age_s), lo, effect.pin_total is not None, now)
     fill = partial(place, model=model, pools=pools, states=states, placement=spec.placement, drained=drained,
                    pinned=fixed, max_cloud=max_cloud)
     cap = _cost_cap(spec.budget, signals, now, max_age_s, lo, timed.value, fill)

@@ -216,3 +216,15 @@ def test_missing_data_never_releases_cloud_replicas() -> None:
     # the request rate goes missing as the long burst ends: the cloud replicas stay
     ticks = run(lambda t: 12.0 if t < 50 * 60 else None, 60)
     assert all(cloud(d) > 0 for t, d, _ in ticks if 50 * 60 <= t < 60 * 60)
+
+
+def test_an_operator_pin_beats_lead_time_economics() -> None:
+    from controller.core.model import Override, OverrideKind
+
+    world = World({"onprem": [-1e9, -1e9], "spot": [], "od": []})
+    now = T0
+    sig = ModelSignals("m", now, pools=world.states(0.0), request_rate_per_s=Sample(2.0, now),
+                       output_tokens_per_s=Sample(0.0, now), queue_depth=Sample(0.0, now))
+    pin = Override(1, OverrideKind.PIN, "m", replicas=12)
+    d = decide(model=MODEL, pools=POOLS, signals=sig, policy=policy(), history=History(), overrides=(pin,), now=now)
+    assert d.replicas == 12 and cloud(d) == 4
