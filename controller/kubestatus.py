@@ -41,6 +41,9 @@ LIMIT_STAGES: Mapping[str, str] = {
     Reason.SCALE_UP_LIMITED.value: "rate limit",
     Reason.SCALE_DOWN_LIMITED.value: "rate limit",
     Reason.CAPACITY_EXHAUSTED.value: "capacity",
+    Reason.BURST_SHORTER_THAN_LEAD_TIME.value: "lead time",
+    Reason.CLOUD_RELEASED.value: "lead time",
+    Reason.CLOUD_NOT_NEEDED.value: "lead time",
 }
 """Reason codes that mean "the result was cut", and the limiting stage each names."""
 

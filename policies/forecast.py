@@ -22,8 +22,8 @@ bursts), and a queue that builds inside a minute misses the TTFT target.
 
 State (``Recommendation.state``): ``{"samples": ((t_s, requests_per_s, output_tokens_per_s), ...),
 "peaks": (...)}`` (until the history covers ``trend_window_s``, i.e. while there are no peaks yet
-and the oldest sample is younger than that, the trend is extrapolated over the covered share of
-the lead only) with ``t_s`` the sample's own timestamp (epoch seconds, from the observation,
+and the oldest sample is younger than that, no trend is extrapolated: the latest rate and the
+peaks alone size the fleet) with ``t_s`` the sample's own timestamp (epoch seconds, from the observation,
 never a tick count). ``samples`` holds one entry per new observation over the trend window (at
 least two minutes); older observations fold into ``peaks``, a running-maximum history in buckets of
 ``history / 240`` (at least 15 s) from which entries that can no longer decide the burst allowance
@@ -85,9 +85,9 @@ def forecast_rate(points: Sequence[tuple[float, float]], now_s: float, lead_s: f
                   history_start_s: float | None = None) -> tuple[float, float, float]:
     """(forecast, trend part, burst part) of a rate ``lead_s`` after ``now_s`` from ``points``
     (sorted by time, the last one the latest observation). Until the history (observed since
-    ``history_start_s``) covers the trend window, the trend is extrapolated over the covered share
-    of the lead only: at start-up a few points of a ramp are little evidence, and extrapolating
-    them over the full lead held 20 replicas for a 2-replica load."""
+    ``history_start_s``) covers the trend window, no trend is extrapolated: at start-up a few
+    points of a ramp are little evidence, and extrapolating them over the full lead held 20
+    replicas for a 2-replica load."""
     if not points:
         return 0.0, 0.0, 0.0
     latest = points[-1][1]
@@ -115,14 +115,13 @@ def forecast_rate(points: Sequence[tuple[float, float]], now_s: float, lead_s: f
             stv += x * v
             first_t = min(first_t, t)
     slope = 0.0
-    # the part of the trend window the history covers: a trend seen over a fraction of the
-    # window is extrapolated over that fraction of the lead only
-    covered = 1.0 if history_start_s is None else min(1.0, max(0.0, (now_s - history_start_s) / trend_window_s))
-    if covered > 0 and n >= 2 and points[-1][0] - first_t >= 30.0:
+    # no trend before the history covers the trend window (a few points are no trend)
+    covered = history_start_s is None or now_s - history_start_s >= trend_window_s
+    if covered and n >= 2 and points[-1][0] - first_t >= 30.0:
         den = n * stt - st * st
         if den > 0:
             slope = (n * stv - st * sv) / den
-    trend = max(0.0, latest + max(0.0, slope) * lead_s * covered)
+    trend = max(0.0, latest + max(0.0, slope) * lead_s)
     return max(trend, burst), trend, burst
 
 
@@ -311,12 +310,13 @@ class RunningWindow:
         n, sx, sv, sxx, sxv = self.sums[name]
         first_t = next(item[0] for item in samples if item[col] is not None)
         slope = 0.0
-        covered = min(1.0, max(0.0, (now_s - history_start_s) / trend_window_s))
-        if covered > 0 and n >= 1.5 and latest_t - first_t >= 30.0:
+        # no trend before the history covers the trend window (as forecast_rate)
+        covered = now_s - history_start_s >= trend_window_s
+        if covered and n >= 1.5 and latest_t - first_t >= 30.0:
             den = n * sxx - sx * sx
             if den > 0:
                 slope = (n * sxv - sx * sv) / den
-        trend = max(0.0, latest + max(0.0, slope) * lead_s * covered)
+        trend = max(0.0, latest + max(0.0, slope) * lead_s)
         return max(trend, burst), trend, burst
 
 
@@ -432,6 +432,7 @@ class Forecast(PolicyKind):
                                   reason=missing[0][0] if missing else Reason.METRIC_MISSING.value,
                                   message=f"no rate to forecast: {why}", missing_data=True, state=state)
         best: tuple[int, str] | None = None
+        present = ahead = 0  # the need now and the trend's, without the burst memory (lead-time economics)
         parts: list[str] = []
         for sub in wanted:
             if values[sub] is None or per_replica[sub] <= 0:
@@ -450,6 +451,8 @@ class Forecast(PolicyKind):
             n = ceil_replicas(need / planned)
             if need > 0:
                 n = max(n, 1)
+            present = max(present, _replicas(values[sub] or 0.0, p.headroom, planned))
+            ahead = max(ahead, _replicas(trend, p.headroom, planned))
             parts.append(f"{sub}: now {values[sub]:.4g}, trend {trend:.4g}, peak {burst:.4g} in "
                          f"{p.burst_window_s:g}s -> {f:.4g} x {p.headroom:g} / ({per_replica[sub]:g} x "
                          f"{p.capacity_fraction:g}) = {n}")
@@ -464,6 +467,7 @@ class Forecast(PolicyKind):
         if p.max_replicas is not None and replicas > p.max_replicas:
             parts.append(f"capped at max_replicas {p.max_replicas}")
             replicas = p.max_replicas
+        present, ahead = min(present, replicas), min(ahead, replicas)
         current = ctx.current_replicas
         if replicas > current:
             reason = Reason.THROUGHPUT_ABOVE_CAPACITY
@@ -474,8 +478,15 @@ class Forecast(PolicyKind):
         return Recommendation(rule=self.rule, kind=self.name, replicas=replicas, reason=reason.value,
                               message=f"forecast {p.lead_time_s:g}s ahead, {decider} decides {replicas} "
                                       f"(current {current}): " + "; ".join(parts),
-                              missing_data=bool(missing), state=state)
+                              missing_data=bool(missing), state=state, present_replicas=present,
+                              trend_replicas=ahead)
 
     @staticmethod
     def _state(samples: list[Sample3], peaks: list[Sample3], running: RunningWindow) -> dict[str, Any]:
         return {"samples": tuple(samples), "peaks": tuple(peaks), "running": running.state(samples)}
+
+
+def _replicas(rate: float, headroom: float, planned: float) -> int:
+    """Replicas for ``rate`` at ``planned`` per replica (at least one for any load)."""
+    n = ceil_replicas(rate * headroom / planned)
+    return max(n, 1) if rate > 0 else n

@@ -309,6 +309,13 @@ class Recommendation:
     then refuses to release capacity (unless the policy says otherwise)."""
     state: Mapping[str, Any] = field(default_factory=dict)
     """Explicit state handed back to the same rule on the next tick."""
+    present_replicas: int | None = None
+    """The replicas the load seen now needs, without anticipation or memory of past peaks
+    (``None``: ``replicas`` is that already, as for a reactive rule). Lead-time economics
+    (``controller.core.leadtime``) buys and keeps cloud capacity for this, not for memory."""
+    trend_replicas: int | None = None
+    """The replicas the rule's trend expects one lead time ahead, without memory of past peaks
+    (``None``: ``present_replicas``)."""
 
 
 class OverrideKind(str, enum.Enum):

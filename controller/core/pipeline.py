@@ -13,9 +13,12 @@ raw opinions; the framework owns the safeguards, as in Ray Serve and the HPA):
  7. ``bounds``       min/max (an operator's bounds override replaces them, never above the
                      policy's max); FLOOR opinions (schedules) raise the min
  8. ``overrides``    pins (total or per pool), drains, freezes
- 9. ``placement``    replicas per pool (``controller.core.placement.place``)
-10. ``budget``       the cost ceilings, integrated into placement: the best placement within them
-11. ``outcome``      whether to actuate, and the scale event for the rate limits' memory
+ 9. ``lead-time``    how many replicas the cloud pools may hold (``controller.core.leadtime``): cloud
+                     capacity only for demand expected at its ready time, released on its own
+                     short window; the rest of the total stays on-prem or waits
+10. ``placement``    replicas per pool (``controller.core.placement.place``)
+11. ``budget``       the cost ceilings, integrated into placement: the best placement within them
+12. ``outcome``      whether to actuate, and the scale event for the rate limits' memory
 
 Each stage is a function of its own, named after it (``_recommend``, ``_combine``, ...,
 ``_outcome``; HPA's shape: one step, one value, one reason), and ``decide`` is the sequence of
@@ -38,6 +41,7 @@ from functools import partial
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from controller.core import capacity as learned_capacity
+from controller.core import leadtime
 from controller.core import stabilize as stab
 from controller.core.model import (
     Decision,
@@ -63,7 +67,7 @@ from controller.core.spec import Behavior, Bounds, Budget, MissingData, OnMissin
 from policies.base import PolicyContext, SLOTargets
 
 STAGES = ("recommend", "combine", "tolerance", "missing-data", "stabilize", "rate-limit", "bounds",
-          "overrides", "placement", "budget", "outcome")
+          "overrides", "lead-time", "placement", "budget", "outcome")
 """Stage names, in order, as they appear in every full trace. A decision taken before every pool
 was observed has the single stage ``observe`` (``NotObservedYet``)."""
 
@@ -95,7 +99,7 @@ class _Opinions(NamedTuple):
 
 
 class _Cap(NamedTuple):
-    """The cost ceiling placement works within (stage 10, computed before placing)."""
+    """The cost ceiling placement works within (stage 11, computed before placing)."""
 
     usd: float | None
     reason: str
@@ -105,7 +109,7 @@ class _Cap(NamedTuple):
 
 
 class _Outcome(NamedTuple):
-    """Stage 11's value: what the decision carries out (or, frozen or paused, does not)."""
+    """Stage 12's value: what the decision carries out (or, frozen or paused, does not)."""
 
     placement: Mapping[str, int]
     replicas: int
@@ -152,6 +156,15 @@ def _ready_by_gpu(model: ModelSpec, pools: Mapping[str, PoolSpec], signals: Mode
         if spec is not None and spec.gpu_type in model.capacity and (st.ready_replicas or 0) > 0:
             out[spec.gpu_type] = out.get(spec.gpu_type, 0) + (st.ready_replicas or 0)
     return out
+
+
+def _arrivals(signals: ModelSignals, now: datetime, max_age_s: float) -> tuple[float | None, float | None]:
+    """(request rate, requests waiting): lead-time economics watches the arrivals for a steady
+    rise, and the rate the replicas take in stops rising when they saturate while the queue grows.
+    Requests as they are, not in replicas of a capacity: the capacity for the observed token mix
+    moves with the load while the replicas saturate (the served token rate is flat, so the
+    observed tokens per request fall), and would hide the rise."""
+    return signals.request_rate_per_s.fresh(now, max_age_s), signals.queue_depth.fresh(now, max_age_s)
 
 
 def _capacity(
@@ -472,9 +485,52 @@ def _overrides(prev: _Step, effect: OverrideEffect, previous: Mapping[str, int],
     return fixed, drained, _Step(value, reason, Stage("overrides", value, reason, effect.describe()))
 
 
+def _need(op: _Opinions, total: int, load: tuple[float | None, float | None], missing: bool) -> leadtime.Need:
+    """What the rules say the load needs now and one lead time ahead, without memory of past
+    peaks (``Recommendation.present_replicas``, ``trend_replicas``), at most ``total``."""
+    present = trend = 0
+    for rec in op.recs:
+        if rec.replicas is None or rec.opinion is not Opinion.TARGET:
+            continue
+        now = rec.replicas if rec.present_replicas is None else rec.present_replicas
+        present = max(present, now)
+        trend = max(trend, now if rec.trend_replicas is None else rec.trend_replicas)
+    return leadtime.Need(total=total, present=min(present, total), trend=min(trend, total), load=load[0],
+                         queue=load[1], missing=missing)
+
+
+def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str, PoolSpec], signals: ModelSignals,
+               spec: PolicySpec, history: History, fixed: Mapping[str, int], drained: frozenset[str],
+               load: tuple[float | None, float | None], lo: int, pinned_total: bool, now: datetime
+               ) -> tuple[int | None, _Step]:
+    """Stage 9: (the cloud ceiling for placement, the step): the total less what the cloud may
+    not hold (``controller.core.leadtime``), never below the min ``lo`` (bounds and floors beat
+    it); its state goes to ``op.rule_state``."""
+    value, rules = prev.value, spec.lead_time
+    if fixed or pinned_total:
+        # pins beat lead-time economics, as they beat bounds: place what the operator pinned
+        # (the burst history is kept as it was)
+        op.rule_state[leadtime.STATE_KEY] = history.rule_state.get(leadtime.STATE_KEY, _EMPTY_STATE)
+        return None, _Step(value, prev.reason, Stage("lead-time", value, prev.reason, "pinned: not applied"))
+    states = signals.pools
+    missing = bool(op.missing or signals.degraded) and spec.missing_data.on_missing is OnMissing.HOLD
+    onprem = leadtime.onprem_room(model, pools, states, spec.placement, drained)
+    cloud, ready = leadtime.cloud_replicas(model, pools, states)
+    cap = leadtime.cloud_cap(history.rule_state.get(leadtime.STATE_KEY, _EMPTY_STATE), _need(op, value, load, missing),
+                             now_s=now.timestamp(), onprem=onprem, cloud=cloud, cloud_ready=ready,
+                             lead_s=leadtime.cloud_lead_time_s(model, pools, spec.placement, drained), rules=rules)
+    op.rule_state[leadtime.STATE_KEY] = cap.state
+    max_cloud = cap.max_cloud if cap.max_cloud is None else max(cap.max_cloud, lo - onprem)
+    if max_cloud is None or value <= onprem + max_cloud:
+        return max_cloud, _Step(value, prev.reason, Stage("lead-time", value, prev.reason, cap.message))
+    placed = onprem + max_cloud
+    code = cap.reason or Reason.CLOUD_NOT_NEEDED.value
+    return max_cloud, _Step(placed, code, Stage("lead-time", placed, code, f"{value} -> {placed}: {cap.message}"))
+
+
 def _cost_cap(budget: Budget, signals: ModelSignals, now: datetime, max_age_s: float, lo: int, total: int,
               fill: Callable[..., PlacementResult]) -> _Cap:
-    """Stage 10, first half: the ceiling placement works within. ``fill(total=, max_cost_per_hour_usd=)``
+    """Stage 11, first half: the ceiling placement works within. ``fill(total=, max_cost_per_hour_usd=)``
     places like the placement stage will."""
     hard, per_million = budget.max_cost_per_hour_usd, budget.max_cost_per_million_tokens_usd
     if per_million is None:
@@ -500,7 +556,7 @@ def _cost_cap(budget: Budget, signals: ModelSignals, now: datetime, max_age_s: f
 
 def _placement(prev: _Step, result: PlacementResult, current: int, previous: Mapping[str, int],
                fixed: Mapping[str, int]) -> _Step:
-    """Stage 9: replicas per pool. The total's reason stays unless placement limited it, or only
+    """Stage 10: replicas per pool. The total's reason stays unless placement limited it, or only
     the placement moved (then the placement event is the story)."""
     placed, reason = result.total, prev.reason
     moved_only = placed == current and result.replicas != previous
@@ -517,7 +573,7 @@ def _placement(prev: _Step, result: PlacementResult, current: int, previous: Map
 
 
 def _budget(prev: _Step, result: PlacementResult, cap: _Cap, total: int, lo: int) -> _Step:
-    """Stage 10, second half: what the cost ceiling did to the placement."""
+    """Stage 11, second half: what the cost ceiling did to the placement."""
     placed, note = prev.value, (f"; {cap.note}" if cap.note else "")
     if cap.usd is None:
         return _Step(placed, prev.reason, Stage("budget", placed, prev.reason,
@@ -536,7 +592,7 @@ def _budget(prev: _Step, result: PlacementResult, cap: _Cap, total: int, lo: int
 
 def _outcome(prev: _Step, result: PlacementResult, effect: OverrideEffect, paused: bool, current: int,
              previous: dict[str, int], frozen_cost: Callable[[], float]) -> _Outcome:
-    """Stage 11: whether to actuate. A freeze keeps the placement as it is (the trace above shows
+    """Stage 12: whether to actuate. A freeze keeps the placement as it is (the trace above shows
     what it would have done); ``paused`` decides without acting."""
     placed, placement = prev.value, result.replicas
     if effect.freeze is not None:
@@ -554,6 +610,18 @@ def _outcome(prev: _Step, result: PlacementResult, effect: OverrideEffect, pause
         stage = Stage("outcome", placed, Reason.UNCHANGED.value, f"unchanged at {placed}")
     return _Outcome(placement, placed, prev.reason, True, result.cost_per_hour_usd, result.interrupted_replaced,
                     stage)
+
+
+def _scale_events(events: tuple[ScaleEvent, ...], spec: PolicySpec, result: PlacementResult, out: _Outcome,
+                  history: History, rule_state: dict[str, Mapping[str, Any]], current: int, now: datetime) -> tuple[ScaleEvent, ...]:
+    """The rate-limit history with this decision's step, the spot hedge's spares left out (they are
+    no demand), and the spares recorded in ``rule_state`` for the next tick."""
+    if spec.placement.spot_hedge > 0:
+        rule_state[HEDGE_STATE_KEY] = {"spare": result.hedge_spare if out.actuate else hedge_spare(history.rule_state)}
+    demand = out.replicas - (result.hedge_spare if out.actuate else 0)
+    if out.actuate and demand != current:
+        return events + (ScaleEvent(now, current, demand),)
+    return events
 
 
 def decide(
@@ -593,24 +661,23 @@ def decide(
     effect = resolve(overrides, model=model, now=now)
     lo, bounded = _bounds(limited, effect, op.floor, spec.bounds)
     fixed, drained, overridden = _overrides(bounded, effect, previous, spec.bounds.max_replicas)
+    max_cloud, timed = _lead_time(overridden, op, model, pools, signals, spec, history, fixed, drained,
+                                  _arrivals(signals, now, max_age_s), lo, effect.pin_total is not None, now)
     fill = partial(place, model=model, pools=pools, states=states, placement=spec.placement, drained=drained,
-                   pinned=fixed, max_total=effect.bounds_for(spec.bounds.min_replicas, spec.bounds.max_replicas)[1])
-    cap = _cost_cap(spec.budget, signals, now, max_age_s, lo, overridden.value, fill)
-    result = fill(total=overridden.value, max_cost_per_hour_usd=cap.usd)
-    placed = _placement(overridden, result, observed, previous, fixed)
-    budgeted = _budget(placed, result, cap, overridden.value, lo)
+                   pinned=fixed, max_total=effect.bounds_for(spec.bounds.min_replicas, spec.bounds.max_replicas)[1],
+                   max_cloud=max_cloud)
+    cap = _cost_cap(spec.budget, signals, now, max_age_s, lo, timed.value, fill)
+    result = fill(total=timed.value, max_cost_per_hour_usd=cap.usd)
+    placed = _placement(timed, result, observed, previous, fixed)
+    budgeted = _budget(placed, result, cap, timed.value, lo)
     out = _outcome(budgeted, result, effect, paused, observed, previous,
                    partial(placement_cost, model, pools, states, previous))
-    if spec.placement.spot_hedge > 0:
-        op.rule_state[HEDGE_STATE_KEY] = {"spare": result.hedge_spare if out.actuate else hedge_spare(history.rule_state)}
-    demand = out.replicas - (result.hedge_spare if out.actuate else 0)
-    if out.actuate and demand != current:
-        events = events + (ScaleEvent(now, current, demand),)
+    events = _scale_events(events, spec, result, out, history, op.rule_state, current, now)
     return Decision(
         model=model.name, at=now, current_replicas=observed, replicas=out.replicas, placement=out.placement,
         previous_placement=previous, recommendations=op.recs,
         trace=(recommended.stage, combined.stage, tolerated.stage, guarded.stage, stabilized.stage, limited.stage,
-               bounded.stage, overridden.stage, placed.stage, budgeted.stage, out.stage),
+               bounded.stage, overridden.stage, timed.stage, placed.stage, budgeted.stage, out.stage),
         reason=out.reason, actuate=out.actuate, cost_per_hour_usd=out.cost_per_hour_usd,
         policy_version=policy.version,
         history=History(recommendations=recommendations, scale_events=events, rule_state=op.rule_state),

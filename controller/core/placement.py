@@ -13,14 +13,18 @@ rules, in the order they apply:
    replicas and takes no new ones. No pool keeps more than its capacity
    (``max_nodes * (gpus_per_node // tp)``: whole replicas of TP GPUs on whole nodes).
 2. **Too many**: remove on-demand first, then spot, on-prem last; most expensive first within a
-   tier (effective cost = node price / replicas per node, live price when known).
+   tier (effective cost = node price / replicas per node, live price when known); cloud replicas
+   that are not ready yet go before any that serve (an order still provisioning is cancelled
+   first). With ``max_cloud`` (lead-time economics, ``controller.core.leadtime``) the cloud pools
+   keep at most that many, not-ready ones removed first.
 3. **Budget**: while the cost is above the cap, remove whole nodes' worth of replicas in the same
    order (on-prem last, pinned pools after unpinned ones). The budget beats ``min_replicas``.
 4. **Too few**: fill on-prem first (already paid for), then spot in order of effective cost,
    spreading over the ``spot_spread_min_pools`` cheapest open spot pools (the next replica goes to
    the one of them with the fewest replicas, ties to the cheaper), then on-demand as the fallback
-   (when allowed). A replica is added only if the cost stays within the cap, so the result is the
-   best placement the budget allows; cloud pools are tried when on-prem is full or unaffordable.
+   (when allowed), the cloud tiers within ``max_cloud``. A replica is added only if the cost stays
+   within the cap, so the result is the best placement the budget allows; cloud pools are tried
+   when on-prem is full or unaffordable.
 5. **Spread repair**: when more than one replica is on spot but fewer spot pools hold them than
    the spread asks for (and open spot pools exist), move replicas from the fullest spot pool to
    the cheapest empty one, within the budget. Interruptions hit one pool at a time; a spread
@@ -38,7 +42,7 @@ rules, in the order they apply:
    (``PlacementResult.hedge_spare``, reason ``SpotHedge``) so the pipeline does not count them
    as demand.
 
-Each rule is a function of ``place``'s (``_keep_valid``, ``_trim_excess``, ``_trim_to_budget``,
+Each rule is a function of ``place``'s (``_keep_valid``, ``_trim_excess``, ``_trim_cloud``, ``_trim_to_budget``,
 ``_fill``, ``_repair_spread``, then ``_shortfall`` and ``_reason`` for what shaped the result);
 they work on private per-pool views and return what they did with their events (reason code,
 message), which ``PlacementResult.events`` lists in that order.
@@ -72,12 +76,14 @@ class _Pool:
     """Working state of one pool during ``place`` (mutable, private, never returned)."""
 
     __slots__ = ("name", "spec", "tier", "priority", "per_node", "capacity", "price", "eff_cost",
-                 "current", "kept", "replicas", "accepts", "pinned", "usable")
+                 "current", "ready", "kept", "replicas", "accepts", "pinned", "usable")
 
     def __init__(self, name: str, spec: PoolSpec | None, state: PoolState | None, model: ModelSpec) -> None:
         self.name = name
         self.spec = spec
         self.current = 0 if state is None or state.replicas is None else max(0, state.replicas)
+        # unknown readiness counts as ready: never cancel first what cannot be seen starting
+        self.ready = self.current if state is None or state.ready_replicas is None else max(0, state.ready_replicas)
         self.kept = 0
         self.replicas = 0
         self.accepts = False
@@ -112,6 +118,10 @@ class _Pool:
 
     def rank(self) -> tuple[float, int, str]:
         return (self.eff_cost, self.priority, self.name)
+
+    def not_ready(self) -> int:
+        """Of its replicas now, those not serving yet (still provisioning or starting)."""
+        return max(0, self.replicas - self.ready)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +250,7 @@ def place(
     drained: Collection[str] = (),
     pinned: Mapping[str, int] | None = None,
     max_total: int | None = None,
+    max_cloud: int | None = None,
 ) -> PlacementResult:
     """Replicas per pool for ``total`` replicas of ``model``.
 
@@ -249,6 +260,8 @@ def place(
     by capacity) and are neither filled nor trimmed for the total, only for the budget (last).
     ``max_cost_per_hour_usd`` is the ceiling on the placement's cost. ``max_total`` bounds the
     total with the spot hedge's spares (``placement.spot_hedge``; none with pins).
+    ``max_cloud`` caps the replicas on the unpinned cloud (spot and on-demand) pools, the hedge's
+    spares included (``None``: no cap).
 
     The steps of the module docstring, in order, each a function of its own; they work on the
     pools' private working views and return what they did and their events.
@@ -259,18 +272,19 @@ def place(
     want = max(total, sum(p.replicas for p in views if p.pinned))
     risk = _spot_risk(views, states, placement.spot_hedge, want if pinned else max_total, want)
     _trim_excess(views, want + risk.spare)
+    cloud_events = _trim_cloud(views, max_cloud)
     trim = _trim_to_budget(views, cap)
-    fill = _fill(views, want, trim, cap, placement)
+    fill = _fill(views, want, trim, cap, placement, max_cloud)
     spread = _repair_spread(views, fill.cost, cap, placement.spot_spread_min_pools)
-    hedge = _fill_hedge(views, want, risk, cap, placement)
-    short = _shortfall(views, want, cap, placement.allow_on_demand, trim.removed)
+    hedge = _fill_hedge(views, want, risk, cap, placement, max_cloud)
+    short = _shortfall(views, want, cap, placement.allow_on_demand, trim.removed, max_cloud)
     return PlacementResult(
         replicas={p.name: p.replicas for p in views},
         cost_per_hour_usd=sum(p.cost() for p in views),
         requested=total,
         kept={p.name: p.kept for p in views},
         reason=_hedge_reason(_reason(kept, short, fill.on_demand), hedge),
-        events=tuple(kept.events + trim.events + fill.events + spread + hedge.events + short.events),
+        events=tuple(kept.events + cloud_events + trim.events + fill.events + spread + hedge.events + short.events),
         hedge_spare=hedge.spare,
         interrupted_removed=kept.interrupted_removed,
         interrupted_replaced=min(kept.interrupted_removed, fill.added),
@@ -365,22 +379,53 @@ def _keep_current(kept: _Kept, p: _Pool, state: PoolState | None, placement: Pla
     p.accepts = accepts and p.capacity > 0
 
 
+def _trim_order(views: list[_Pool], tiers: tuple[int, ...]) -> list[_Pool]:
+    """Unpinned pools of ``tiers`` holding replicas, in removal order: higher tier first, dearest
+    first within a tier."""
+    return sorted((p for p in views if not p.pinned and p.replicas > 0 and p.tier in tiers),
+                  key=lambda p: (-p.tier, -p.eff_cost, -p.priority, p.name))
+
+
+def _remove(order: list[_Pool], excess: int) -> int:
+    """Remove up to ``excess`` replicas from ``order``: first those not ready yet, cloud pools only
+    (a cloud order still provisioning is cancelled before a replica that serves), then in order.
+    Returns the replicas removed."""
+    removed = 0
+    for pass_not_ready in (True, False):
+        for p in order:
+            if removed >= excess:
+                return removed
+            if pass_not_ready and p.tier == _ONPREM:
+                continue
+            take = min(p.not_ready() if pass_not_ready else p.replicas, excess - removed)
+            p.replicas -= take
+            removed += take
+    return removed
+
+
 def _trim_excess(views: list[_Pool], want: int) -> int:
-    """Step 2, too many: remove on-demand first, then spot, on-prem last; most expensive first
-    within a tier; pinned pools keep their pin. Returns the replicas removed."""
+    """Step 2, too many: remove not-ready cloud replicas first, then on-demand, then spot, on-prem
+    last; most expensive first within a tier; pinned pools keep their pin. Returns the replicas
+    removed."""
     excess = sum(p.replicas for p in views) - want
     if excess <= 0:
         return 0
-    removed = 0
-    order = sorted((p for p in views if not p.pinned and p.replicas > 0),
-                   key=lambda p: (-p.tier, -p.eff_cost, -p.priority, p.name))
-    for p in order:
-        take = min(p.replicas, excess - removed)
-        p.replicas -= take
-        removed += take
-        if removed == excess:
-            break
-    return removed
+    return _remove(_trim_order(views, (_ONPREM, _SPOT, _ONDEMAND)), excess)
+
+
+def _cloud(views: list[_Pool]) -> int:
+    """Replicas on the unpinned cloud pools."""
+    return sum(p.replicas for p in views if p.tier != _ONPREM and not p.pinned)
+
+
+def _trim_cloud(views: list[_Pool], max_cloud: int | None) -> list[tuple[str, str]]:
+    """Step 2, lead-time ceiling: the unpinned cloud pools keep at most ``max_cloud`` replicas,
+    not-ready ones removed first, then on-demand before spot, dearest first."""
+    excess = 0 if max_cloud is None else _cloud(views) - max(0, max_cloud)
+    if excess <= 0:
+        return []
+    removed = _remove(_trim_order(views, (_SPOT, _ONDEMAND)), excess)
+    return [(Reason.CLOUD_RELEASED.value, f"cloud ceiling {max_cloud}: removed {removed} cloud replicas")]
 
 
 def _trim_to_budget(views: list[_Pool], cap: float | None) -> _Trim:
@@ -421,21 +466,25 @@ def _ranked(views: list[_Pool], tier: int) -> list[_Pool]:
     return sorted((p for p in views if p.accepts and p.tier == tier), key=_Pool.rank)
 
 
-def _fill(views: list[_Pool], want: int, trim: _Trim, cap: float | None, placement: PlacementSpec) -> _Fill:
-    """Step 4, too few: on-prem, then spot (spread), then on-demand; each replica only within the
-    budget."""
+def _fill(views: list[_Pool], want: int, trim: _Trim, cap: float | None, placement: PlacementSpec,
+          max_cloud: int | None = None) -> _Fill:
+    """Step 4, too few: on-prem, then spot (spread), then on-demand, the cloud tiers within
+    ``max_cloud``; each replica only within the budget."""
     cost = trim.cost
     need = want - sum(p.replicas for p in views)
     if need <= 0:
         return _Fill(cost, 0, 0, [])
     added, cost = _fill_tier(_ranked(views, _ONPREM), need, cost, cap)
     on_demand = 0
+    cloud_room = need if max_cloud is None else max(0, max_cloud - _cloud(views))
     # Budget already forced on-prem replicas out: cloud replicas would only replace them.
-    if added < need and not trim.onprem:
-        n, cost = _fill_spot(_ranked(views, _SPOT), need - added, cost, cap, placement.spot_spread_min_pools)
+    if added < need and not trim.onprem and cloud_room > 0:
+        n, cost = _fill_spot(_ranked(views, _SPOT), min(need - added, cloud_room), cost, cap,
+                             placement.spot_spread_min_pools)
         added += n
-        if added < need and placement.allow_on_demand:
-            on_demand, cost = _fill_tier(_ranked(views, _ONDEMAND), need - added, cost, cap)
+        cloud_room -= n
+        if added < need and placement.allow_on_demand and cloud_room > 0:
+            on_demand, cost = _fill_tier(_ranked(views, _ONDEMAND), min(need - added, cloud_room), cost, cap)
             added += on_demand
     if not on_demand:
         return _Fill(cost, added, 0, [])
@@ -528,16 +577,22 @@ def _spread_source(spot: list[_Pool]) -> _Pool | None:
     return max(sources, key=lambda p: (p.replicas, p.eff_cost, p.name)) if sources else None
 
 
-def _room(views: list[_Pool], allow_on_demand: bool) -> int:
-    """Replicas the pools that take new ones could still hold."""
-    return sum(p.capacity - p.replicas for p in views if p.accepts and (p.tier != _ONDEMAND or allow_on_demand))
+def _room(views: list[_Pool], allow_on_demand: bool, max_cloud: int | None = None) -> int:
+    """Replicas the pools that take new ones could still hold (the cloud ones within ``max_cloud``)."""
+    onprem = sum(p.capacity - p.replicas for p in views if p.accepts and p.tier == _ONPREM)
+    cloud = sum(p.capacity - p.replicas for p in views
+                if p.accepts and p.tier != _ONPREM and (p.tier != _ONDEMAND or allow_on_demand))
+    if max_cloud is not None:
+        cloud = min(cloud, max(0, max_cloud - _cloud(views)))
+    return onprem + cloud
 
 
 def _shortfall(views: list[_Pool], want: int, cap: float | None, allow_on_demand: bool,
-               budget_removed: int) -> _Shortfall:
-    """Whether the placement falls short of ``want`` for lack of room or of budget."""
+               budget_removed: int, max_cloud: int | None = None) -> _Shortfall:
+    """Whether the placement falls short of ``want`` for lack of room or of budget (a shortfall
+    the cloud ceiling makes is neither: the pipeline's lead-time stage sized the total to it)."""
     short = want - sum(p.replicas for p in views)
-    room = _room(views, allow_on_demand) if short > 0 else 0
+    room = _room(views, allow_on_demand, max_cloud) if short > 0 else 0
     capacity_limited = short > room
     events: list[tuple[str, str]] = []
     if capacity_limited:
@@ -661,10 +716,12 @@ class _Hedge(NamedTuple):
     events: list[tuple[str, str]]
 
 
-def _fill_hedge(views: list[_Pool], want: int, risk: _Risk, cap: float | None, placement: PlacementSpec) -> _Hedge:
+def _fill_hedge(views: list[_Pool], want: int, risk: _Risk, cap: float | None, placement: PlacementSpec,
+                max_cloud: int | None = None) -> _Hedge:
     """Step 6: hold ``risk.spare`` replicas above ``want``, away from interrupted pools: on-prem
-    room, then spot pools with no recent interruption (spread), then on-demand; within the cap.
-    Spares kept from earlier ticks count (step 2 left them in place)."""
+    room, then spot pools with no recent interruption (spread), then on-demand; within the cap
+    and, on the cloud tiers, within ``max_cloud``. Spares kept from earlier ticks count (step 2
+    left them in place)."""
     if risk.spare <= 0:
         return _Hedge(0, [])
     held = sum(p.replicas for p in views) - want
@@ -672,23 +729,24 @@ def _fill_hedge(views: list[_Pool], want: int, risk: _Risk, cap: float | None, p
     cost = sum(p.cost() for p in views)
     added_by: dict[int, int] = {}
     if need > 0:
-        added_by = _add_spares(views, need, cost, cap, risk, placement)
+        added_by = _add_spares(views, need, cost, cap, risk, placement, max_cloud)
     spare = max(0, sum(p.replicas for p in views) - want)
     return _Hedge(spare, [(Reason.SPOT_HEDGE.value, _hedge_message(spare, risk, added_by))])
 
 
 def _add_spares(views: list[_Pool], need: int, cost: float, cap: float | None, risk: _Risk,
-                placement: PlacementSpec) -> dict[int, int]:
+                placement: PlacementSpec, max_cloud: int | None) -> dict[int, int]:
     """Add up to ``need`` spares: on-prem room, then uninterrupted spot pools, then on-demand
-    (when allowed); the count added per tier."""
+    (when allowed), the cloud ones within ``max_cloud``; the count added per tier."""
     added_by: dict[int, int] = {}
     n, cost = _fill_tier(_ranked(views, _ONPREM), need, cost, cap)
     added_by[_ONPREM] = n
+    room = need if max_cloud is None else max(0, max_cloud - _cloud(views))
     safe = [p for p in _ranked(views, _SPOT) if p.name not in risk.interrupted]
-    n, cost = _fill_spot(safe, need - sum(added_by.values()), cost, cap, placement.spot_spread_min_pools)
+    n, cost = _fill_spot(safe, min(room, need - sum(added_by.values())), cost, cap, placement.spot_spread_min_pools)
     added_by[_SPOT] = n
     if placement.allow_on_demand:
-        n, cost = _fill_tier(_ranked(views, _ONDEMAND), need - sum(added_by.values()), cost, cap)
+        n, cost = _fill_tier(_ranked(views, _ONDEMAND), min(room - n, need - sum(added_by.values())), cost, cap)
         added_by[_ONDEMAND] = n
     return added_by
 

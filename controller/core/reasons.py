@@ -59,6 +59,14 @@ class Reason(str, enum.Enum):
     BUDGET_CAP_REACHED = "BudgetCapReached"
     COST_PER_TOKEN_CAP_REACHED = "CostPerTokenCapReached"
     WITHIN_BUDGET = "WithinBudget"
+    # lead-time economics (controller.core.leadtime)
+    BURST_SHORTER_THAN_LEAD_TIME = "BurstShorterThanLeadTime"
+    """The burst is not expected to outlast the cloud lead time: served from on-prem, no cloud ordered."""
+    CLOUD_RELEASED = "CloudReleased"
+    """The present need has fit on-prem for spec.lead_time.cloud_scale_down_s: cloud replicas go
+    (not-ready ones first)."""
+    CLOUD_NOT_NEEDED = "CloudNotNeeded"
+    """The total beyond on-prem is memory of past peaks or an unsteady trend: kept on-prem only."""
     # outcome
     SCALED = "Scaled"
     UNCHANGED = "Unchanged"

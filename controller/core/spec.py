@@ -154,6 +154,17 @@ class CapacityLearning(_Strict):
     max_scale: float = Field(4.0, ge=1, le=100, description="The learned capacity never goes above this multiple of the profile's.")
 
 
+class LeadTime(_Strict):
+    """``spec.lead_time``: lead-time economics (``controller.core.leadtime``). A cloud replica
+    serves one lead time (provisioning delay + cold start) after it is ordered: order it only for
+    demand expected at its ready time, release it first."""
+
+    enabled: bool = Field(False, description="Buy cloud (spot, on-demand) replicas only when the burst is expected to outlast the cloud lead time (pool provisioning_delay_s + the model's cold_start_s) or the load rises steadily, serve shorter bursts from on-prem, and release cloud replicas on their own short window. false (the default: on the benchmark it cut cost but lost SLO attainment wherever a burst came without warning; README, 'Lead-time economics'): the total is placed as is, cloud and on-prem alike.")
+    cloud_scale_down_s: WindowS = Field(60, description=f"Cloud replicas bought for a burst go once the present need (without memory of past peaks) has fit on the on-prem pools for this long, seconds (at most {MAX_WINDOW_S}); not-ready ones are cancelled first. On-prem keeps behavior.scale_down and the rules' memory. Also the dip that does not end a burst.")
+    min_survival: float = Field(0.5, ge=0, le=1, description="Order cloud replicas for a burst when the estimated probability that it still runs one lead time from now is at least this (from the durations of past bursts, with the burst's age as the prior: a burst is expected to last as long again; 0.5 orders a first burst once it is one lead time old).")
+    burst_history: int = Field(16, ge=0, le=MAX_COUNT, description=f"Durations of past bursts remembered for that estimate (at most {MAX_COUNT}).")
+
+
 class Mode(str, enum.Enum):
     """Whether tidegate scales a model or only shadows what scales it."""
 
@@ -172,6 +183,7 @@ class PolicySpec(_Strict):
     budget: Budget = Field(default_factory=Budget, description="Cost ceilings, never exceeded.")
     missing_data: MissingData = Field(default_factory=MissingData, description="Behaviour when signals are missing or stale.")
     capacity: CapacityLearning = Field(default_factory=CapacityLearning, description="Online correction of the per-replica capacity (learned capacity).")
+    lead_time: LeadTime = Field(default_factory=LeadTime, description="Lead-time economics: cloud replicas only for demand expected at their ready time, released on their own short window.")
 
 
     mode: Mode = Field(Mode.ACTIVE, description="active: tidegate scales the model. shadow: it observes the model's Deployments while something else scales them (an HPA, KEDA, a person), decides as if in charge of a fleet of its own, never acts, and records both; `tidegate report --shadow` compares them.")

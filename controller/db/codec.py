@@ -246,6 +246,8 @@ def recommendation_to_json(rec: Recommendation) -> dict[str, Any]:
         "opinion": rec.opinion.value,
         "missing_data": rec.missing_data,
         "state": to_jsonable(rec.state),
+        "present_replicas": rec.present_replicas,
+        "trend_replicas": rec.trend_replicas,
     }
 
 
@@ -259,6 +261,8 @@ def recommendation_from_json(data: Mapping[str, Any]) -> Recommendation:
         opinion=Opinion(data.get("opinion", Opinion.TARGET.value)),
         missing_data=bool(data.get("missing_data", False)),
         state=from_jsonable(data.get("state") or {}),
+        present_replicas=data.get("present_replicas"),
+        trend_replicas=data.get("trend_replicas"),
     )
 
 

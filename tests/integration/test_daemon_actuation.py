@@ -92,6 +92,9 @@ POLICY = textwrap.dedent("""\
         scale_up: {stabilization_s: 0, policies: []}
         scale_down: {stabilization_s: 0, policies: []}
       placement: {spot_spread_min_pools: 2}
+      # these tests are about actuation: the burst goes to cloud at once (lead-time economics,
+      # which would hold it on-prem for a lead time, has tests of its own)
+      lead_time: {enabled: false}
     """)
 
 

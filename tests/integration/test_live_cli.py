@@ -73,7 +73,7 @@ def test_why_explains_the_stages_and_each_pool(daemon, capsys) -> None:
     assert code == 0
     d = json.loads(out)
     assert d["id"] == h.daemon.controller.last_decision_ids[MODEL]
-    assert [s["name"] for s in d["trace"]][-3:] == ["placement", "budget", "outcome"]
+    assert [s["name"] for s in d["trace"]][-4:] == ["lead-time", "placement", "budget", "outcome"]
     # the demo fleet's spot pools are priced apart: placement names the order and the prices
     assert any(w.startswith("aws-spot-p5 before gcp-spot-a3: $") and w.endswith(" per replica-hour")
                for w in d["pool_reasons"]), d["pool_reasons"]

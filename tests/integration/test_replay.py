@@ -46,7 +46,7 @@ def test_replay_reproduces_the_log_and_compares_a_tighter_policy(tmp_path: Path,
         assert max(sum(s["replayed"].values()) for s in tight["series"]) == 8
         assert tight["replayed"]["cost_usd"] < tight["decided"]["cost_usd"]
         first = tight["first_differences"][0]
-        assert [s["name"] for s in first["replayed"]["trace"]][-5:] == ["bounds", "overrides", "placement", "budget", "outcome"]
+        assert [s["name"] for s in first["replayed"]["trace"]][-6:] == ["bounds", "overrides", "lead-time", "placement", "budget", "outcome"]
         assert first["replayed"]["placement"] != first["decided"]["placement"]
         # under capacity, by hand: each tick whose 8 replicas serve fewer tokens/s than recorded
         ticks = load_ticks(h.repo, MODEL, START, END)

@@ -67,6 +67,8 @@ POLICY = textwrap.dedent("""\
         tolerance: 0
         scale_up: {stabilization_s: 0, policies: []}
         scale_down: {stabilization_s: 0, policies: []}
+      # the shadow follows the burst to cloud at once (lead-time economics has tests of its own)
+      lead_time: {enabled: false}
     """)
 
 

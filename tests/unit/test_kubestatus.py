@@ -36,7 +36,8 @@ RECOMMEND = ("recommend", 6, Reason.QUEUE_ABOVE_TARGET.value, "queue-depth=6 (qu
 
 
 def test_scaling_limited_names_the_stage_that_cut_the_result() -> None:
-    stage_names = {"bounds": "bounds", "budget": "budget", "rate limit": "rate-limit", "capacity": "placement"}
+    stage_names = {"bounds": "bounds", "budget": "budget", "rate limit": "rate-limit", "capacity": "placement",
+                   "lead time": "lead-time"}
     for reason, label in LIMIT_STAGES.items():
         d = decision(RECOMMEND, (stage_names[label], 4, reason, "cut"), ("outcome", 4, "Scaled", "2 -> 4"))
         kind, status, got, message = limited_condition(d)

@@ -130,7 +130,10 @@ QUIET = {"tolerance": 0, "scale_up": {"policies": []}, "scale_down": {"stabiliza
 
 
 def policy(*rules: PolicyKind, version: str = "v1", **spec: Any) -> EffectivePolicy:
-    doc = {"model": "m", "bounds": {"min_replicas": 1, "max_replicas": 20}, "behavior": QUIET, **spec}
+    # Lead-time economics off unless a test asks for it: these tests are about the other stages,
+    # on a fleet whose on-prem pool holds 4 replicas (tests/unit/test_lead_time.py covers it).
+    doc = {"model": "m", "bounds": {"min_replicas": 1, "max_replicas": 20}, "behavior": QUIET,
+           "lead_time": {"enabled": False}, **spec}
     return EffectivePolicy("m", PolicySpec.model_validate(doc), tuple(rules), version)
 
 
@@ -472,7 +475,10 @@ def decide_cases(draw: st.DrawFn) -> tuple[Scenario, EffectivePolicy, ModelSigna
         rules.append(fixed(missing=True, rule="gone"))
     doc = {"model": "m", "bounds": {"min_replicas": lo, "max_replicas": hi}, "behavior": behavior,
            "budget": budget, "placement": sc.spec.model_dump(),
-           "missing_data": {"on_missing": draw(st.sampled_from(["hold", "ignore"]))}}
+           "missing_data": {"on_missing": draw(st.sampled_from(["hold", "ignore"]))},
+           # off: the floor cost below is placed without the lead-time ceiling, which moves a cheap
+           # spot replica to on-prem once the need fits there (tests/unit/test_lead_time.py)
+           "lead_time": {"enabled": False}}
     pol = EffectivePolicy("m", PolicySpec.model_validate(doc), tuple(rules), "v")
     tokens = draw(st.one_of(st.none(), st.integers(0, 20000).map(float)))
     sig = ModelSignals("m", NOW, pools=sc.states,
