@@ -37,9 +37,10 @@ from the decision log like a rule's). Pure: standard library and the core's own 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 
 from controller.core.model import Decision, ModelSignals, ReplicaCapacity
 from controller.core.spec import CapacityLearning
@@ -290,14 +291,15 @@ def load_units_by_gpu(state: Mapping[str, Any], cfg: CapacityLearning, ready: Ma
     every GPU type present by the same factor and keeps the differences learned while each
     served alone. On one GPU type it is the load per ready replica in units of its prior."""
     n = sum(ready.values())
+    scales = {g: learned_scale(state, g, cfg) for g in ready}
     rel: float | None = None
     for load, per in ((requests_per_s, lambda c: c.requests_per_s), (output_tokens_per_s, lambda c: c.output_tokens_per_s)):
         if load is None:
             continue
-        cap = sum(k * learned_scale(state, g, cfg) * per(priors[g]) for g, k in ready.items())
+        cap = sum(k * scales[g] * per(priors[g]) for g, k in ready.items())
         if cap > 0:
             rel = max(rel or 0.0, load / cap)
-    return {g: None if rel is None else rel * learned_scale(state, g, cfg) * n for g in ready}
+    return {g: None if rel is None else rel * scales[g] * n for g in ready}
 
 
 def learn_by_gpu(state: Mapping[str, Any], obs: Observed, load_units: Mapping[str, float | None],
@@ -349,18 +351,20 @@ def weighted(caps: Mapping[str, ReplicaCapacity], weights: Mapping[str, float]) 
         return next(iter(caps.values()))
     if len(parts) == 1:
         return parts[0][0]
-    total = sum(w for _, w in parts)
-
-    def mean(values: list[float | None]) -> float | None:
-        if any(v is None for v in values):
-            return None
-        return sum((v or 0.0) * w for v, (_, w) in zip(values, parts)) / total
-
-    out = mean([c.output_tokens_per_s for c, _ in parts])
-    req = mean([c.requests_per_s for c, _ in parts])
+    ws = [w for _, w in parts]
+    total = sum(ws)
+    out = _mean([c.output_tokens_per_s for c, _ in parts], ws, total)
+    req = _mean([c.requests_per_s for c, _ in parts], ws, total)
     assert out is not None and req is not None
-    return ReplicaCapacity(out, req, mean([c.prefill_tokens_per_s for c, _ in parts]),
-                           mean([c.decode_tokens_per_s for c, _ in parts]))
+    return ReplicaCapacity(out, req, _mean([c.prefill_tokens_per_s for c, _ in parts], ws, total),
+                           _mean([c.decode_tokens_per_s for c, _ in parts], ws, total))
+
+
+def _mean(values: list[float | None], weights: list[float], total: float) -> float | None:
+    """The mean of ``values`` weighted by ``weights`` (summing to ``total``); ``None`` if one is."""
+    if None in values:
+        return None
+    return sum((v or 0.0) * w for v, w in zip(values, weights)) / total
 
 
 def shown(cap: ReplicaCapacity, prior: ReplicaCapacity, evidence: str) -> dict[str, Any]:

@@ -53,10 +53,8 @@ class Tier(str, enum.Enum):
     @property
     def rank(self) -> int:
         """0 on-prem, 1 spot, 2 on-demand: fill low ranks first, release high ranks first."""
-        return _TIER_RANK[self]
-
-
-_TIER_RANK = {Tier.ONPREM: 0, Tier.SPOT: 1, Tier.ONDEMAND: 2}
+        # identity tests, not a dict keyed by members: an Enum member hashes in Python (hot path)
+        return 0 if self is Tier.ONPREM else 1 if self is Tier.SPOT else 2
 
 
 @dataclass(frozen=True, slots=True)

@@ -184,15 +184,15 @@ def _capacity(
     spec = policy.spec
     max_age_s = spec.missing_data.max_signal_age_s
     state = history.rule_state.get(learned_capacity.STATE_KEY, _EMPTY_STATE)
-    c = spec.capacity
-    mix = learned_capacity.smoothed_mix(state, learned_capacity.observed_mix(signals, now, max_age_s),
-                                        now.timestamp(), c.mix_tau_s)
+    c, now_s = spec.capacity, now.timestamp()
+    mix = learned_capacity.smoothed_mix(state, learned_capacity.observed_mix(signals, now, max_age_s), now_s,
+                                        c.mix_tau_s)
     weights = _capacity_weights(model, pools, signals, current, policy)
     ready_gpus = _ready_by_gpu(model, pools, signals)
     priors = {g: learned_capacity.for_mix(model.capacity[g], mix) for g in set(weights) | set(ready_gpus)}
     ready, total = signals.ready_replicas, sum(current.values())
     obs = learned_capacity.Observed(
-        now_s=now.timestamp(), load_units=None, ready=ready or 0,
+        now_s=now_s, load_units=None, ready=ready or 0,
         settled=ready is not None and ready >= total > 0, slack=int(spec.behavior.tolerance * (ready or 0)),
         pressure=_pressure(signals, spec, ready, now, max_age_s))
     units = learned_capacity.load_units_by_gpu(state, c, ready_gpus, priors,
@@ -209,7 +209,7 @@ def _capacity(
     new_state["scale"] = scale
     new_state.update(learned_capacity.shown(cap, prior, evidence))
     if mix is not None:
-        new_state["mix"] = (now.timestamp(), mix.prompt_tokens, mix.output_tokens)
+        new_state["mix"] = (now_s, mix.prompt_tokens, mix.output_tokens)
     return learned_capacity.Learned(cap, prior, scale, evidence, new_state)
 
 
@@ -499,6 +499,17 @@ def _need(op: _Opinions, total: int, load: tuple[float | None, float | None], mi
                          queue=load[1], missing=missing)
 
 
+def _cloud_views(model: ModelSpec, pools: Mapping[str, PoolSpec], states: Mapping[str, PoolState], spec: PolicySpec,
+                 drained: frozenset[str]) -> tuple[int, int, int, float | None]:
+    """(on-prem room, cloud replicas, of those ready, cloud lead time) for ``leadtime.cloud_cap``;
+    zeros and no lead time while lead-time economics is off (it reads none of them then)."""
+    if not spec.lead_time.enabled:
+        return 0, 0, 0, None
+    cloud, ready = leadtime.cloud_replicas(model, pools, states)
+    return (leadtime.onprem_room(model, pools, states, spec.placement, drained), cloud, ready,
+            leadtime.cloud_lead_time_s(model, pools, spec.placement, drained))
+
+
 def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str, PoolSpec], signals: ModelSignals,
                spec: PolicySpec, history: History, fixed: Mapping[str, int], drained: frozenset[str],
                load: tuple[float | None, float | None], lo: int, pinned_total: bool, now: datetime
@@ -512,13 +523,11 @@ def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str,
         # (the burst history is kept as it was)
         op.rule_state[leadtime.STATE_KEY] = history.rule_state.get(leadtime.STATE_KEY, _EMPTY_STATE)
         return None, _Step(value, prev.reason, Stage("lead-time", value, prev.reason, "pinned: not applied"))
-    states = signals.pools
     missing = bool(op.missing or signals.degraded) and spec.missing_data.on_missing is OnMissing.HOLD
-    onprem = leadtime.onprem_room(model, pools, states, spec.placement, drained)
-    cloud, ready = leadtime.cloud_replicas(model, pools, states)
+    onprem, cloud, ready, lead_s = _cloud_views(model, pools, signals.pools, spec, drained)
     cap = leadtime.cloud_cap(history.rule_state.get(leadtime.STATE_KEY, _EMPTY_STATE), _need(op, value, load, missing),
                              now_s=now.timestamp(), onprem=onprem, cloud=cloud, cloud_ready=ready,
-                             lead_s=leadtime.cloud_lead_time_s(model, pools, spec.placement, drained), rules=rules)
+                             lead_s=lead_s, rules=rules)
     op.rule_state[leadtime.STATE_KEY] = cap.state
     max_cloud = cap.max_cloud if cap.max_cloud is None else max(cap.max_cloud, lo - onprem)
     if max_cloud is None or value <= onprem + max_cloud:

@@ -106,7 +106,7 @@ class _Pool:
         return whole_nodes(self.replicas, self.per_node)
 
     def cost(self) -> float:
-        return self.nodes() * self.price
+        return whole_nodes(self.replicas, self.per_node) * self.price  # nodes() inlined: hot loop
 
     def add_cost(self) -> float:
         """Extra cost per hour of one more replica: a new node, or nothing when one has room."""

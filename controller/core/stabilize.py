@@ -82,11 +82,10 @@ def stabilize(
     up_rec = desired
     down_rec = desired
     start = bisect_right(recommendations, min(up_cutoff, down_cutoff), key=_rec_at)
-    for i in range(start, len(recommendations)):
-        at, value = recommendations[i]
-        if at > up_cutoff and value < up_rec:
+    for at, value in recommendations[start:]:
+        if value < up_rec and at > up_cutoff:
             up_rec = value
-        if at > down_cutoff and value > down_rec:
+        if value > down_rec and at > down_cutoff:
             down_rec = value
     result = current
     if result < up_rec:
