@@ -164,6 +164,9 @@ class Need:
     saturated."""
     missing: bool
     """A rule had no opinion for lack of data and the policy holds on missing data."""
+    pressure: float | None = None
+    """How close the ready replicas are to the SLO now (1 = at it, above: missing it; the
+    pipeline's pressure signal); ``None`` when unknown."""
 
 
 class CloudCap(NamedTuple):
@@ -207,12 +210,15 @@ class _Bursts:
     loads: list[tuple[float, float]]
     queue: tuple[float, float] | None
     """(time, requests waiting) at the last load sample."""
+    missed: float | None = None
+    """When cloud was last ordered for an SLO miss (:func:`_why_missing`)."""
 
     @classmethod
     def read(cls, state: Mapping[str, Any]) -> "_Bursts":
         queue = _pairs((state["queue"],)) if state.get("queue") is not None else []
         return cls(_opt(state.get("since")), _opt(state.get("last_over")), _floats(state.get("bursts")), _floats(state.get("gaps")),
-                   _pairs(state.get("recent")), _pairs(state.get("loads")), queue[0] if queue else None)
+                   _pairs(state.get("recent")), _pairs(state.get("loads")), queue[0] if queue else None,
+                   _opt(state.get("missed")))
 
     def hold_s(self, window_s: float, lead_s: float) -> float:
         """How long cloud replicas outlive the need for them: ``window_s``, or when past bursts
@@ -222,6 +228,13 @@ class _Bursts:
             return window_s
         gap = sorted(self.gaps)[len(self.gaps) // 2]
         return max(window_s, gap) if gap < lead_s else window_s
+
+    def expected_s(self) -> float | None:
+        """When the next burst is expected: the end of the last one plus the median of the past
+        gaps between bursts (``None`` while a burst runs or before a gap is known)."""
+        if self.since is not None or self.last_over is None or not self.gaps:
+            return None
+        return self.last_over + sorted(self.gaps)[len(self.gaps) // 2]
 
     def observe(self, now_s: float, over: bool, hold_s: float, keep: int) -> None:
         """A burst starts when the present need first exceeds on-prem and ends once it has fit
@@ -259,7 +272,7 @@ class _Bursts:
 
     def state(self) -> dict[str, Any]:
         return {"since": self.since, "last_over": self.last_over, "bursts": self.durations, "gaps": self.gaps,
-                "recent": tuple(self.recent), "loads": tuple(self.loads), "queue": self.queue}
+                "recent": tuple(self.recent), "loads": tuple(self.loads), "queue": self.queue, "missed": self.missed}
 
 
 def cloud_cap(state: Mapping[str, Any], need: Need, *, now_s: float, onprem: int, cloud: int, cloud_ready: int,
@@ -281,10 +294,16 @@ def cloud_cap(state: Mapping[str, Any], need: Need, *, now_s: float, onprem: int
     keep = b.remember(now_s, max(0, min(expected, need.total) - onprem), window, arrivals, need.queue, lead_s)
     if need.missing:
         keep = max(keep, cloud)  # missing data never releases capacity
+    missing_now = _why_missing(in_burst, need, onprem)
+    if missing_now:
+        b.missed = now_s
+    if b.missed is not None and now_s - b.missed < lead_s + window:
+        keep = max(keep, cloud)  # ordered for a miss: kept until it has served for the window
     wanted = max(0, need.total - onprem)
     age = 0.0 if b.since is None else now_s - b.since
     p = survival(age, lead_s, b.durations) if in_burst else 0.0
-    why = _why_order(in_burst, p, age, lead_s, len(b.durations), steady, need.trend, onprem, rules)
+    why = _why_order(in_burst, p, age, lead_s, len(b.durations), steady, need.trend, onprem, rules) \
+        or missing_now or _why_recurring(b.expected_s(), now_s, lead_s, b.durations)
     if why:
         cap = max(wanted, min(cloud, keep))
         return CloudCap(cap, None, f"cloud up to {cap}: {why}", b.state())
@@ -309,6 +328,27 @@ def _why_order(in_burst: bool, p: float, age: float, lead_s: float, n_bursts: in
                 f" from {n_bursts} past burst(s)")
     if steady and trend > onprem:
         return f"load rising steadily over {lead_s:.0f}s, trend needs {trend} > on-prem {onprem}"
+    return ""
+
+
+def _why_missing(in_burst: bool, need: Need, onprem: int) -> str:
+    """Why cloud may be ordered although the burst may end before it serves: the SLO is missed now
+    and on-prem cannot hold the present need. A miss now is certain, the burst's end is not ("" when
+    the SLO is kept or on-prem holds the need)."""
+    if in_burst and need.pressure is not None and need.pressure >= 1.0:
+        return f"SLO missed now (pressure {need.pressure:.2f}) and the need {need.present} exceeds on-prem {onprem}"
+    return ""
+
+
+def _why_recurring(expected_s: float | None, now_s: float, lead_s: float, durations: Sequence[float]) -> str:
+    """Why cloud may be ordered before a burst: past bursts came after gaps like this one and the
+    next is expected within one lead time ("" otherwise). The capacity is held until the expected
+    burst should have ended (the median past duration after its expected start)."""
+    if expected_s is None:
+        return ""
+    last = sorted(durations)[len(durations) // 2] if durations else 0.0
+    if expected_s - lead_s <= now_s <= expected_s + last:
+        return f"a burst is expected in {max(0.0, expected_s - now_s):.0f}s (past gaps between bursts)"
     return ""
 
 

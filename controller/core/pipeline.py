@@ -485,7 +485,8 @@ def _overrides(prev: _Step, effect: OverrideEffect, previous: Mapping[str, int],
     return fixed, drained, _Step(value, reason, Stage("overrides", value, reason, effect.describe()))
 
 
-def _need(op: _Opinions, total: int, load: tuple[float | None, float | None], missing: bool) -> leadtime.Need:
+def _need(op: _Opinions, total: int, load: tuple[float | None, float | None], missing: bool,
+          pressure: float | None) -> leadtime.Need:
     """What the rules say the load needs now and one lead time ahead, without memory of past
     peaks (``Recommendation.present_replicas``, ``trend_replicas``), at most ``total``."""
     present = trend = 0
@@ -496,7 +497,7 @@ def _need(op: _Opinions, total: int, load: tuple[float | None, float | None], mi
         present = max(present, now)
         trend = max(trend, now if rec.trend_replicas is None else rec.trend_replicas)
     return leadtime.Need(total=total, present=min(present, total), trend=min(trend, total), load=load[0],
-                         queue=load[1], missing=missing)
+                         queue=load[1], missing=missing, pressure=pressure)
 
 
 def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str, PoolSpec], signals: ModelSignals,
@@ -516,7 +517,9 @@ def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str,
     missing = bool(op.missing or signals.degraded) and spec.missing_data.on_missing is OnMissing.HOLD
     onprem = leadtime.onprem_room(model, pools, states, spec.placement, drained)
     cloud, ready = leadtime.cloud_replicas(model, pools, states)
-    cap = leadtime.cloud_cap(history.rule_state.get(leadtime.STATE_KEY, _EMPTY_STATE), _need(op, value, load, missing),
+    pressure = _pressure(signals, spec, signals.ready_replicas, now, spec.missing_data.max_signal_age_s)
+    cap = leadtime.cloud_cap(history.rule_state.get(leadtime.STATE_KEY, _EMPTY_STATE),
+                             _need(op, value, load, missing, pressure),
                              now_s=now.timestamp(), onprem=onprem, cloud=cloud, cloud_ready=ready,
                              lead_s=leadtime.cloud_lead_time_s(model, pools, spec.placement, drained), rules=rules)
     op.rule_state[leadtime.STATE_KEY] = cap.state
