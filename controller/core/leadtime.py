@@ -299,6 +299,8 @@ def cloud_cap(state: Mapping[str, Any], need: Need, *, now_s: float, onprem: int
         b.missed = now_s
     if b.missed is not None and now_s - b.missed < lead_s + window:
         keep = max(keep, cloud)  # ordered for a miss: kept until it has served for the window
+    elif b.since is not None:
+        keep = max(keep, cloud_ready)  # the burst runs (a dip shorter than the window): what serves stays
     wanted = max(0, need.total - onprem)
     age = 0.0 if b.since is None else now_s - b.since
     p = survival(age, lead_s, b.durations) if in_burst else 0.0
