@@ -305,7 +305,7 @@ def cloud_cap(state: Mapping[str, Any], need: Need, *, now_s: float, onprem: int
     age = 0.0 if b.since is None else now_s - b.since
     p = survival(age, lead_s, b.durations) if in_burst else 0.0
     why = _why_order(in_burst, p, age, lead_s, len(b.durations), steady, need.trend, onprem, rules) \
-        or missing_now or _why_recurring(b.expected_s(), now_s, lead_s, b.durations)
+        or missing_now or _why_recurring(b.expected_s(), now_s, lead_s + window, b.durations)
     if why:
         cap = max(wanted, min(cloud, keep))
         return CloudCap(cap, None, f"cloud up to {cap}: {why}", b.state())
@@ -342,14 +342,16 @@ def _why_missing(in_burst: bool, need: Need, onprem: int) -> str:
     return ""
 
 
-def _why_recurring(expected_s: float | None, now_s: float, lead_s: float, durations: Sequence[float]) -> str:
-    """Why cloud may be ordered before a burst: past bursts came after gaps like this one and the
-    next is expected within one lead time ("" otherwise). The capacity is held until the expected
-    burst should have ended (the median past duration after its expected start)."""
+def _why_recurring(expected_s: float | None, now_s: float, ahead_s: float, durations: Sequence[float]) -> str:
+    """Why cloud may be ordered (or kept) before a burst: past bursts came after gaps like this one
+    and the next is expected within ``ahead_s`` (the lead time plus the cloud window: a replica
+    released that close to it would be ordered again at once) ("" otherwise). The capacity is held
+    until the expected burst should have ended (the median past duration after its expected
+    start)."""
     if expected_s is None:
         return ""
     last = sorted(durations)[len(durations) // 2] if durations else 0.0
-    if expected_s - lead_s <= now_s <= expected_s + last:
+    if expected_s - ahead_s <= now_s <= expected_s + last:
         return f"a burst is expected in {max(0.0, expected_s - now_s):.0f}s (past gaps between bursts)"
     return ""
 
