@@ -15,12 +15,21 @@ pipeline's ``lead-time`` stage applies it and placement keeps within it
   another ``a``, so with no history nothing is ordered before a burst is one lead time old), or
   the arrivals (the request rate plus the queue's growth) have risen steadily over the last lead
   time and the rules' trend expects the need beyond on-prem (:func:`rising`: a step or a spike is
-  not a trend). Otherwise the burst is served from on-prem spare (``BurstShorterThanLeadTime``).
+  not a trend). Cloud is also ordered, whatever the burst's age, when the SLO is missed now (the
+  pipeline's pressure, ``Need.pressure``, at or above 1) while the present need exceeds on-prem:
+  the miss is certain, the burst's end is not (:func:`_why_missing`); and ahead of a burst expected
+  from the past gaps between bursts, from one lead time plus the cloud window before it until its
+  expected end (:func:`_why_recurring`: the rules' memory of past peaks may then hold cloud).
+  Otherwise the burst is served from on-prem spare (``BurstShorterThanLeadTime``).
 * **Scale-in by tier.** Cloud replicas stay while the present need (or a steady rise) needs them,
   and go once it has fit without them for ``spec.lead_time.cloud_scale_down_s`` (short, 60 s by
   default: ``CloudReleased``), or, when past bursts came in trains with gaps shorter than the lead
   time, for the median gap (:meth:`_Bursts.hold_s`); on-prem keeps the policy's long scale-down
-  window and burst memory.
+  window and burst memory. Cloud ordered for an SLO miss is not released before it could have
+  served: it stays (while the total asks for it) for one lead time plus the window after the last
+  miss, as an order cancelled before it is ready leaves the next spike of a train with nothing on
+  its way. While a burst runs (until the need has fit on-prem for the window) its ready cloud
+  replicas stay through a shorter dip.
   Placement removes cloud replicas that are not ready yet first: an order that is still
   provisioning is cancelled before a replica that serves.
 * **Missing data** never releases: while a rule has no opinion for lack of data (and the policy
@@ -34,7 +43,7 @@ memory); a reactive rule's ``replicas`` is both.
 The state is plain JSON in the history's rule state under :data:`STATE_KEY`: the start of the
 current burst and when the need last exceeded on-prem, the durations of past bursts and the gaps
 between them, the recent need beyond on-prem (the scale-down window's memory), the arrival samples
-of the last lead time and the queue at the last one.
+of the last lead time and the queue at the last one, and when cloud was last ordered for a miss.
 Nothing here reads the clock.
 """
 
