@@ -517,7 +517,8 @@ def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str,
     missing = bool(op.missing or signals.degraded) and spec.missing_data.on_missing is OnMissing.HOLD
     onprem = leadtime.onprem_room(model, pools, states, spec.placement, drained)
     cloud, ready = leadtime.cloud_replicas(model, pools, states)
-    pressure = _pressure(signals, spec, signals.ready_replicas, now, spec.missing_data.max_signal_age_s)
+    pressure = _pressure(signals, spec, signals.ready_replicas, now, spec.missing_data.max_signal_age_s) \
+        if rules.enabled else None
     cap = leadtime.cloud_cap(history.rule_state.get(leadtime.STATE_KEY, _EMPTY_STATE),
                              _need(op, value, load, missing, pressure),
                              now_s=now.timestamp(), onprem=onprem, cloud=cloud, cloud_ready=ready,
