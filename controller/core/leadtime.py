@@ -12,7 +12,8 @@ pipeline's ``lead-time`` stage applies it and placement keeps within it
   to need them: the present need beyond what the on-prem pools hold has lasted long enough that
   the burst is expected to outlast the lead time (:func:`survival`: from the durations of past
   bursts, with the burst's own age as the prior: a burst ``a`` seconds old is taken to last
-  another ``a``, so with no history nothing is ordered before a burst is one lead time old), or
+  another ``a``, so with no history and ``min_survival`` at its default 0.3 nothing is ordered
+  before a burst is 3/7 of a lead time old), or
   the arrivals (the request rate plus the queue's growth) have risen steadily over the last lead
   time and the rules' trend expects the need beyond on-prem (:func:`rising`: a step or a spike is
   not a trend). Cloud is also ordered, whatever the burst's age, when the SLO is missed now (the

@@ -110,10 +110,11 @@ def burst(start_min: float, end_min: float, low: float = 2.0, high: float = 12.0
 
 
 def test_a_burst_shorter_than_the_cloud_lead_time_buys_no_cloud_replica() -> None:
-    # 12 replicas' load for 5 minutes (lead time 8): on-prem spare takes what it can (8)
-    ticks = run(burst(20, 25), 45)
+    # 12 replicas' load for 3 minutes (lead time 8; with no history the default min_survival 0.3
+    # orders once a burst is 3/7 of it, 206 s, old): on-prem spare takes what it can (8)
+    ticks = run(burst(20, 23), 45)
     assert max(cloud(d) for _, d, _ in ticks) == 0
-    during = [d for t, d, _ in ticks if 21 * 60 <= t < 25 * 60]
+    during = [d for t, d, _ in ticks if 21 * 60 <= t < 23 * 60]
     assert all(d.placement["onprem"] == 8 for d in during)
     assert all(d.stage("lead-time").reason == Reason.BURST_SHORTER_THAN_LEAD_TIME.value for d in during)
     assert "serving it from on-prem" in during[0].stage("lead-time").message
@@ -123,7 +124,8 @@ def test_a_long_burst_buys_cloud_and_releases_it_within_the_cloud_window_after_i
     window_s = 60.0
     ticks = run(burst(20, 50), 70, policy(cloud_scale_down_s=window_s))
     bought = [t for t, d, _ in ticks if cloud(d) > 0]
-    assert bought and bought[0] <= 20 * 60 + LEAD_S + TICK_S  # once the burst is one lead time old
+    # once the burst is 3/7 of a lead time old (seen from the tick after it starts)
+    assert bought and bought[0] <= 20 * 60 + LEAD_S * 3 / 7 + 2 * TICK_S
     # cloud replicas served during the burst (ordered in time for part of it)
     assert any(sum(s[n].ready_replicas or 0 for n in CLOUD) >= 4 for t, _, s in ticks if t < 50 * 60)
     end = 50 * 60
@@ -137,7 +139,7 @@ def test_a_long_burst_buys_cloud_and_releases_it_within_the_cloud_window_after_i
 
 
 def test_not_ready_cloud_replicas_are_cancelled_when_demand_falls() -> None:
-    # a burst of 10 minutes: cloud is ordered once it is 8 minutes old and cancelled at its end,
+    # a burst of 10 minutes: cloud is ordered once it is 206 s old and cancelled at its end,
     # before it was ever ready
     ticks = run(burst(20, 30), 45)
     assert max(cloud(d) for _, d, _ in ticks) > 0
@@ -161,7 +163,7 @@ def test_a_steady_rise_orders_cloud_before_the_load_exceeds_on_prem() -> None:
     # present, so the trend here is the present need; cloud follows once the rise is steady
     ticks = run(lambda t: 2.0 + t / 60.0, 20)
     first = min(t for t, d, _ in ticks if cloud(d) > 0)
-    assert first < (8 - 2) * 60 + LEAD_S  # sooner than the survival rule alone would allow
+    assert first < (8 - 2) * 60 + LEAD_S * 3 / 7  # sooner than the survival rule alone would allow
 
 
 def test_disabled_places_the_total_as_before() -> None:
@@ -236,15 +238,15 @@ MISS_SLO = {"queue_depth_per_replica": 2.0}
 
 
 def test_an_slo_miss_with_on_prem_full_orders_cloud_even_for_a_young_burst() -> None:
-    # the 5-minute burst of the first test, but now requests queue (5 per ready replica, the SLO
+    # the 3-minute burst of the first test, but now requests queue (5 per ready replica, the SLO
     # says 2): the miss is certain now, the burst's end is not, so cloud is ordered at once
-    queue = lambda t: 40.0 if 20 * 60 <= t < 25 * 60 else 0.0  # noqa: E731
-    ticks = run(burst(20, 25), 45, policy(MISS_SLO), queue=queue)
+    queue = lambda t: 40.0 if 20 * 60 <= t < 23 * 60 else 0.0  # noqa: E731
+    ticks = run(burst(20, 23), 45, policy(MISS_SLO), queue=queue)
     first = min(t for t, d, _ in ticks if cloud(d) > 0)
     assert 20 * 60 <= first <= 20 * 60 + 2 * TICK_S
     assert "SLO missed now" in next(d for t, d, _ in ticks if t == first).stage("lead-time").message
     # the same burst kept within the SLO buys nothing (the first test), nor does a queue within it
-    calm = run(burst(20, 25), 45, policy(MISS_SLO), queue=lambda t: 8.0 if 20 * 60 <= t < 25 * 60 else 0.0)
+    calm = run(burst(20, 23), 45, policy(MISS_SLO), queue=lambda t: 8.0 if 20 * 60 <= t < 23 * 60 else 0.0)
     assert max(cloud(d) for _, d, _ in calm) == 0
 
 
