@@ -308,7 +308,7 @@ def cloud_cap(state: Mapping[str, Any], need: Need, *, now_s: float, onprem: int
     if missing_now:
         b.missed = now_s
     if b.missed is not None and now_s - b.missed < lead_s + window:
-        keep = max(keep, cloud)  # ordered for a miss: kept until it has served for the window
+        keep = max(keep, cloud)  # ordered for a miss: kept a lead time and the window after the last one
     elif b.since is not None:
         keep = max(keep, cloud_ready)  # the burst runs (a dip shorter than the window): what serves stays
     wanted = max(0, need.total - onprem)
