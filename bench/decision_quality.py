@@ -388,6 +388,7 @@ def chart(d: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global POLICY
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", default=None, help="run the comparison on this one trace and print one JSON object")
     ap.add_argument("--format", choices=("azure", "rate"), default="azure")
@@ -402,6 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--functions-hours", type=float, default=200.0,
                     help="hours of each Functions split (default 200: training [0, 200), held-out [200, 400)); "
                          "fewer: the N hours of each centred on its busiest minute")
+    ap.add_argument("--policy", default=None, metavar="FILE",
+                    help=f"the policy file every controller runs under (default: {POLICY.name})")
+    ap.add_argument("--default-only", action="store_true",
+                    help="run tidegate's default point only and print one line per trace (no baselines, no plan)")
     ap.add_argument("--cases", default=None, help="comma list: run only these traces (names as in the tables)")
     ap.add_argument("--no-speed", action="store_true", help="skip the speed measurements (the default; see --speed)")
     ap.add_argument("--speed", action="store_true",
@@ -413,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="print JSON (or write it to FILE) instead of the tables")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
+    if args.policy:
+        POLICY = Path(args.policy)  # the workers fork after this: they see it too
     if args.from_json:
         docs = [d for f in args.from_json for d in json.loads(Path(f).read_text())["traces"]]
         for d in docs:
@@ -436,8 +443,22 @@ def main(argv: list[str] | None = None) -> int:
             if args.cases:
                 keep = {c.strip() for c in args.cases.split(",")}
                 cases = [c for c in cases if c.name in keep]
+        if args.default_only:
+            return default_points(cases, args.seed, max(1, args.jobs))
         docs = run_cases(cases, args.seed, max(1, args.jobs))
     return report(docs, args, time.perf_counter() - t0)
+
+
+def default_points(cases: list[Case], seed: int, jobs: int) -> int:
+    """tidegate's default point on each case, one line each (split, trace, attainment, cost): a
+    quick look at one policy change, without the frontiers, the baselines or the plan."""
+    with ProcessPoolExecutor(max_workers=jobs) as ex:
+        futs = [(c, ex.submit(run_one, c, seed, "tidegate", DEFAULT_CAPACITY_FRACTION))
+                for c in sorted(cases, key=lambda c: -c.weight)]
+        for c, f in futs:
+            r = f.result()
+            print(f"{c.split:12s} {c.name:22s} {_pct(r['attainment'])} ${r['cost']:,.2f}", flush=True)
+    return 0
 
 
 def report(docs: list[dict[str, Any]], args: argparse.Namespace, wall: float | None) -> int:

@@ -12,15 +12,25 @@ pipeline's ``lead-time`` stage applies it and placement keeps within it
   to need them: the present need beyond what the on-prem pools hold has lasted long enough that
   the burst is expected to outlast the lead time (:func:`survival`: from the durations of past
   bursts, with the burst's own age as the prior: a burst ``a`` seconds old is taken to last
-  another ``a``, so with no history nothing is ordered before a burst is one lead time old), or
+  another ``a``, so with no history and ``min_survival`` at its default 0.3 nothing is ordered
+  before a burst is 3/7 of a lead time old), or
   the arrivals (the request rate plus the queue's growth) have risen steadily over the last lead
   time and the rules' trend expects the need beyond on-prem (:func:`rising`: a step or a spike is
-  not a trend). Otherwise the burst is served from on-prem spare (``BurstShorterThanLeadTime``).
+  not a trend). Cloud is also ordered, whatever the burst's age, when the SLO is missed now (the
+  pipeline's pressure, ``Need.pressure``, at or above 1) while the present need exceeds on-prem:
+  the miss is certain, the burst's end is not (:func:`_why_missing`); and ahead of a burst expected
+  from the past gaps between bursts, from one lead time plus the cloud window before it until its
+  expected end (:func:`_why_recurring`: the rules' memory of past peaks may then hold cloud).
+  Otherwise the burst is served from on-prem spare (``BurstShorterThanLeadTime``).
 * **Scale-in by tier.** Cloud replicas stay while the present need (or a steady rise) needs them,
   and go once it has fit without them for ``spec.lead_time.cloud_scale_down_s`` (short, 60 s by
   default: ``CloudReleased``), or, when past bursts came in trains with gaps shorter than the lead
   time, for the median gap (:meth:`_Bursts.hold_s`); on-prem keeps the policy's long scale-down
-  window and burst memory.
+  window and burst memory. Cloud ordered for an SLO miss is not released before it could have
+  served: it stays (while the total asks for it) for one lead time plus the window after the last
+  miss, as an order cancelled before it is ready leaves the next spike of a train with nothing on
+  its way. While a burst runs (until the need has fit on-prem for the window) its ready cloud
+  replicas stay through a shorter dip.
   Placement removes cloud replicas that are not ready yet first: an order that is still
   provisioning is cancelled before a replica that serves.
 * **Missing data** never releases: while a rule has no opinion for lack of data (and the policy
@@ -34,7 +44,7 @@ memory); a reactive rule's ``replicas`` is both.
 The state is plain JSON in the history's rule state under :data:`STATE_KEY`: the start of the
 current burst and when the need last exceeded on-prem, the durations of past bursts and the gaps
 between them, the recent need beyond on-prem (the scale-down window's memory), the arrival samples
-of the last lead time and the queue at the last one.
+of the last lead time and the queue at the last one, and when cloud was last ordered for a miss.
 Nothing here reads the clock.
 """
 
@@ -164,6 +174,9 @@ class Need:
     saturated."""
     missing: bool
     """A rule had no opinion for lack of data and the policy holds on missing data."""
+    pressure: float | None = None
+    """How close the ready replicas are to the SLO now (1 = at it, above: missing it; the
+    pipeline's pressure signal); ``None`` when unknown."""
 
 
 class CloudCap(NamedTuple):
@@ -207,12 +220,15 @@ class _Bursts:
     loads: list[tuple[float, float]]
     queue: tuple[float, float] | None
     """(time, requests waiting) at the last load sample."""
+    missed: float | None = None
+    """When cloud was last ordered for an SLO miss (:func:`_why_missing`)."""
 
     @classmethod
     def read(cls, state: Mapping[str, Any]) -> "_Bursts":
         queue = _pairs((state["queue"],)) if state.get("queue") is not None else []
         return cls(_opt(state.get("since")), _opt(state.get("last_over")), _floats(state.get("bursts")), _floats(state.get("gaps")),
-                   _pairs(state.get("recent")), _pairs(state.get("loads")), queue[0] if queue else None)
+                   _pairs(state.get("recent")), _pairs(state.get("loads")), queue[0] if queue else None,
+                   _opt(state.get("missed")))
 
     def hold_s(self, window_s: float, lead_s: float) -> float:
         """How long cloud replicas outlive the need for them: ``window_s``, or when past bursts
@@ -222,6 +238,13 @@ class _Bursts:
             return window_s
         gap = sorted(self.gaps)[len(self.gaps) // 2]
         return max(window_s, gap) if gap < lead_s else window_s
+
+    def expected_s(self) -> float | None:
+        """When the next burst is expected: the end of the last one plus the median of the past
+        gaps between bursts (``None`` while a burst runs or before a gap is known)."""
+        if self.since is not None or self.last_over is None or not self.gaps:
+            return None
+        return self.last_over + sorted(self.gaps)[len(self.gaps) // 2]
 
     def observe(self, now_s: float, over: bool, hold_s: float, keep: int) -> None:
         """A burst starts when the present need first exceeds on-prem and ends once it has fit
@@ -259,7 +282,7 @@ class _Bursts:
 
     def state(self) -> dict[str, Any]:
         return {"since": self.since, "last_over": self.last_over, "bursts": self.durations, "gaps": self.gaps,
-                "recent": tuple(self.recent), "loads": tuple(self.loads), "queue": self.queue}
+                "recent": tuple(self.recent), "loads": tuple(self.loads), "queue": self.queue, "missed": self.missed}
 
 
 def cloud_cap(state: Mapping[str, Any], need: Need, *, now_s: float, onprem: int, cloud: int, cloud_ready: int,
@@ -275,16 +298,14 @@ def cloud_cap(state: Mapping[str, Any], need: Need, *, now_s: float, onprem: int
     window = b.hold_s(rules.cloud_scale_down_s, lead_s)
     in_burst = need.present > onprem
     b.observe(now_s, in_burst, window, rules.burst_history)
-    arrivals = b.arrivals(now_s, need.load, need.queue)
-    steady = rising(b.loads + ([(now_s, arrivals)] if arrivals is not None else []), now_s, lead_s)
-    expected = max(need.present, need.trend) if steady else need.present
-    keep = b.remember(now_s, max(0, min(expected, need.total) - onprem), window, arrivals, need.queue, lead_s)
-    if need.missing:
-        keep = max(keep, cloud)  # missing data never releases capacity
+    steady, keep = _expected(b, need, now_s, onprem, window, lead_s)
+    missing_now = _why_missing(in_burst, need, onprem)
+    keep = _held(b, need, keep, bool(missing_now), now_s, cloud, cloud_ready, lead_s + window)
     wanted = max(0, need.total - onprem)
     age = 0.0 if b.since is None else now_s - b.since
     p = survival(age, lead_s, b.durations) if in_burst else 0.0
-    why = _why_order(in_burst, p, age, lead_s, len(b.durations), steady, need.trend, onprem, rules)
+    why = _why_order(in_burst, p, age, lead_s, len(b.durations), steady, need.trend, onprem, rules) \
+        or missing_now or _why_recurring(b.expected_s(), now_s, lead_s + window, b.durations)
     if why:
         cap = max(wanted, min(cloud, keep))
         return CloudCap(cap, None, f"cloud up to {cap}: {why}", b.state())
@@ -301,6 +322,31 @@ def cloud_cap(state: Mapping[str, Any], need: Need, *, now_s: float, onprem: int
     return _released(need, cap, cloud, onprem, window, b.state())
 
 
+def _expected(b: _Bursts, need: Need, now_s: float, onprem: int, window: float, lead_s: float) -> tuple[bool, int]:
+    """(whether the arrivals rise steadily over the lead time, the cloud replicas the expected need
+    beyond on-prem asked for within the window): the present need, or the trend's when steady."""
+    arrivals = b.arrivals(now_s, need.load, need.queue)
+    steady = rising(b.loads + ([(now_s, arrivals)] if arrivals is not None else []), now_s, lead_s)
+    expected = max(need.present, need.trend) if steady else need.present
+    return steady, b.remember(now_s, max(0, min(expected, need.total) - onprem), window, arrivals, need.queue, lead_s)
+
+
+def _held(b: _Bursts, need: Need, keep: int, missed_now: bool, now_s: float, cloud: int, cloud_ready: int,
+          miss_hold_s: float) -> int:
+    """The cloud replicas kept whatever the need says: all of them on missing data (it never
+    releases capacity) and for ``miss_hold_s`` after an SLO miss (an order made for a miss is not
+    cancelled before it serves); the ready ones while a burst runs (a dip shorter than the window)."""
+    if need.missing:
+        keep = max(keep, cloud)
+    if missed_now:
+        b.missed = now_s
+    if b.missed is not None and now_s - b.missed < miss_hold_s:
+        return max(keep, cloud)
+    if b.since is not None:
+        return max(keep, cloud_ready)
+    return keep
+
+
 def _why_order(in_burst: bool, p: float, age: float, lead_s: float, n_bursts: int, steady: bool, trend: int,
                onprem: int, rules: LeadTime) -> str:
     """Why new cloud replicas may be ordered now ("" when they may not)."""
@@ -309,6 +355,29 @@ def _why_order(in_burst: bool, p: float, age: float, lead_s: float, n_bursts: in
                 f" from {n_bursts} past burst(s)")
     if steady and trend > onprem:
         return f"load rising steadily over {lead_s:.0f}s, trend needs {trend} > on-prem {onprem}"
+    return ""
+
+
+def _why_missing(in_burst: bool, need: Need, onprem: int) -> str:
+    """Why cloud may be ordered although the burst may end before it serves: the SLO is missed now
+    and on-prem cannot hold the present need. A miss now is certain, the burst's end is not ("" when
+    the SLO is kept or on-prem holds the need)."""
+    if in_burst and need.pressure is not None and need.pressure >= 1.0:
+        return f"SLO missed now (pressure {need.pressure:.2f}) and the need {need.present} exceeds on-prem {onprem}"
+    return ""
+
+
+def _why_recurring(expected_s: float | None, now_s: float, ahead_s: float, durations: Sequence[float]) -> str:
+    """Why cloud may be ordered (or kept) before a burst: past bursts came after gaps like this one
+    and the next is expected within ``ahead_s`` (the lead time plus the cloud window: a replica
+    released that close to it would be ordered again at once) ("" otherwise). The capacity is held
+    until the expected burst should have ended (the median past duration after its expected
+    start)."""
+    if expected_s is None:
+        return ""
+    last = sorted(durations)[len(durations) // 2] if durations else 0.0
+    if expected_s - ahead_s <= now_s <= expected_s + last:
+        return f"a burst is expected in {max(0.0, expected_s - now_s):.0f}s (past gaps between bursts)"
     return ""
 
 

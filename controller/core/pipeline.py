@@ -485,7 +485,8 @@ def _overrides(prev: _Step, effect: OverrideEffect, previous: Mapping[str, int],
     return fixed, drained, _Step(value, reason, Stage("overrides", value, reason, effect.describe()))
 
 
-def _need(op: _Opinions, total: int, load: tuple[float | None, float | None], missing: bool) -> leadtime.Need:
+def _need(op: _Opinions, total: int, load: tuple[float | None, float | None], missing: bool,
+          pressure: float | None) -> leadtime.Need:
     """What the rules say the load needs now and one lead time ahead, without memory of past
     peaks (``Recommendation.present_replicas``, ``trend_replicas``), at most ``total``."""
     present = trend = 0
@@ -496,7 +497,7 @@ def _need(op: _Opinions, total: int, load: tuple[float | None, float | None], mi
         present = max(present, now)
         trend = max(trend, now if rec.trend_replicas is None else rec.trend_replicas)
     return leadtime.Need(total=total, present=min(present, total), trend=min(trend, total), load=load[0],
-                         queue=load[1], missing=missing)
+                         queue=load[1], missing=missing, pressure=pressure)
 
 
 def _cloud_views(model: ModelSpec, pools: Mapping[str, PoolSpec], states: Mapping[str, PoolState], spec: PolicySpec,
@@ -525,7 +526,10 @@ def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str,
         return None, _Step(value, prev.reason, Stage("lead-time", value, prev.reason, "pinned: not applied"))
     missing = bool(op.missing or signals.degraded) and spec.missing_data.on_missing is OnMissing.HOLD
     onprem, cloud, ready, lead_s = _cloud_views(model, pools, signals.pools, spec, drained)
-    cap = leadtime.cloud_cap(history.rule_state.get(leadtime.STATE_KEY, _EMPTY_STATE), _need(op, value, load, missing),
+    pressure = _pressure(signals, spec, signals.ready_replicas, now, spec.missing_data.max_signal_age_s) \
+        if rules.enabled else None
+    cap = leadtime.cloud_cap(history.rule_state.get(leadtime.STATE_KEY, _EMPTY_STATE),
+                             _need(op, value, load, missing, pressure),
                              now_s=now.timestamp(), onprem=onprem, cloud=cloud, cloud_ready=ready,
                              lead_s=lead_s, rules=rules)
     op.rule_state[leadtime.STATE_KEY] = cap.state

@@ -45,8 +45,8 @@ MODEL = ModelSpec(name="m", tp_degree=1, quantization="fp8", gpu_types=("H100",)
 CLOUD = ("spot", "od")
 
 
-def policy(**lead_time: object) -> EffectivePolicy:
-    doc = {"model": "m", "bounds": {"min_replicas": 2, "max_replicas": 32},
+def policy(slo: dict[str, float] | None = None, **lead_time: object) -> EffectivePolicy:
+    doc = {"model": "m", "bounds": {"min_replicas": 2, "max_replicas": 32}, "slo": slo or {},
            "rules": [{"kind": "slo-guard", "params": {"capacity_fraction": 1.0}}],
            "capacity": {"learn": False}, "lead_time": {"enabled": True, **lead_time}}
     spec = PolicySpec.model_validate(doc)
@@ -78,9 +78,10 @@ class World:
 
 
 def run(rate: Callable[[float], float | None], minutes: float, pol: EffectivePolicy | None = None,
-        world: World | None = None) -> list[tuple[float, Decision, dict[str, PoolState]]]:
+        world: World | None = None, queue: Callable[[float], float] = lambda t: 0.0,
+        ) -> list[tuple[float, Decision, dict[str, PoolState]]]:
     """(seconds since T0, decision, pool states it saw) every tick for ``minutes``; a rate of
-    ``None`` is a missing sample."""
+    ``None`` is a missing sample; ``queue``: the requests waiting."""
     pol = pol or policy()
     world = world or World({"onprem": [-1e9, -1e9], "spot": [], "od": []})
     history = History()
@@ -92,7 +93,7 @@ def run(rate: Callable[[float], float | None], minutes: float, pol: EffectivePol
         r = rate(t)
         sig = ModelSignals("m", now, pools=states,
                            request_rate_per_s=Sample(r, now) if r is not None else Sample.missing("NoData", now),
-                           output_tokens_per_s=Sample(0.0, now), queue_depth=Sample(0.0, now))
+                           output_tokens_per_s=Sample(0.0, now), queue_depth=Sample(queue(t), now))
         d = decide(model=MODEL, pools=POOLS, signals=sig, policy=pol, history=history, overrides=(), now=now)
         history = d.history
         world.apply(dict(d.placement), t)
@@ -109,10 +110,11 @@ def burst(start_min: float, end_min: float, low: float = 2.0, high: float = 12.0
 
 
 def test_a_burst_shorter_than_the_cloud_lead_time_buys_no_cloud_replica() -> None:
-    # 12 replicas' load for 5 minutes (lead time 8): on-prem spare takes what it can (8)
-    ticks = run(burst(20, 25), 45)
+    # 12 replicas' load for 3 minutes (lead time 8; with no history the default min_survival 0.3
+    # orders once a burst is 3/7 of it, 206 s, old): on-prem spare takes what it can (8)
+    ticks = run(burst(20, 23), 45)
     assert max(cloud(d) for _, d, _ in ticks) == 0
-    during = [d for t, d, _ in ticks if 21 * 60 <= t < 25 * 60]
+    during = [d for t, d, _ in ticks if 21 * 60 <= t < 23 * 60]
     assert all(d.placement["onprem"] == 8 for d in during)
     assert all(d.stage("lead-time").reason == Reason.BURST_SHORTER_THAN_LEAD_TIME.value for d in during)
     assert "serving it from on-prem" in during[0].stage("lead-time").message
@@ -122,7 +124,8 @@ def test_a_long_burst_buys_cloud_and_releases_it_within_the_cloud_window_after_i
     window_s = 60.0
     ticks = run(burst(20, 50), 70, policy(cloud_scale_down_s=window_s))
     bought = [t for t, d, _ in ticks if cloud(d) > 0]
-    assert bought and bought[0] <= 20 * 60 + LEAD_S + TICK_S  # once the burst is one lead time old
+    # once the burst is 3/7 of a lead time old (seen from the tick after it starts)
+    assert bought and bought[0] <= 20 * 60 + LEAD_S * 3 / 7 + 2 * TICK_S
     # cloud replicas served during the burst (ordered in time for part of it)
     assert any(sum(s[n].ready_replicas or 0 for n in CLOUD) >= 4 for t, _, s in ticks if t < 50 * 60)
     end = 50 * 60
@@ -136,7 +139,7 @@ def test_a_long_burst_buys_cloud_and_releases_it_within_the_cloud_window_after_i
 
 
 def test_not_ready_cloud_replicas_are_cancelled_when_demand_falls() -> None:
-    # a burst of 10 minutes: cloud is ordered once it is 8 minutes old and cancelled at its end,
+    # a burst of 10 minutes: cloud is ordered once it is 206 s old and cancelled at its end,
     # before it was ever ready
     ticks = run(burst(20, 30), 45)
     assert max(cloud(d) for _, d, _ in ticks) > 0
@@ -160,7 +163,7 @@ def test_a_steady_rise_orders_cloud_before_the_load_exceeds_on_prem() -> None:
     # present, so the trend here is the present need; cloud follows once the rise is steady
     ticks = run(lambda t: 2.0 + t / 60.0, 20)
     first = min(t for t, d, _ in ticks if cloud(d) > 0)
-    assert first < (8 - 2) * 60 + LEAD_S  # sooner than the survival rule alone would allow
+    assert first < (8 - 2) * 60 + LEAD_S * 3 / 7  # sooner than the survival rule alone would allow
 
 
 def test_disabled_places_the_total_as_before() -> None:
@@ -228,3 +231,64 @@ def test_an_operator_pin_beats_lead_time_economics() -> None:
     pin = Override(1, OverrideKind.PIN, "m", replicas=12)
     d = decide(model=MODEL, pools=POOLS, signals=sig, policy=policy(), history=History(), overrides=(pin,), now=now)
     assert d.replicas == 12 and cloud(d) == 4
+
+
+MISS_SLO = {"queue_depth_per_replica": 2.0}
+"""The SLO the miss tests hold: 2 waiting requests per ready replica."""
+
+
+def test_an_slo_miss_with_on_prem_full_orders_cloud_even_for_a_young_burst() -> None:
+    # the 3-minute burst of the first test, but now requests queue (5 per ready replica, the SLO
+    # says 2): the miss is certain now, the burst's end is not, so cloud is ordered at once
+    queue = lambda t: 40.0 if 20 * 60 <= t < 23 * 60 else 0.0  # noqa: E731
+    ticks = run(burst(20, 23), 45, policy(MISS_SLO), queue=queue)
+    first = min(t for t, d, _ in ticks if cloud(d) > 0)
+    assert 20 * 60 <= first <= 20 * 60 + 2 * TICK_S
+    assert "SLO missed now" in next(d for t, d, _ in ticks if t == first).stage("lead-time").message
+    # the same burst kept within the SLO buys nothing (the first test), nor does a queue within it
+    calm = run(burst(20, 23), 45, policy(MISS_SLO), queue=lambda t: 8.0 if 20 * 60 <= t < 23 * 60 else 0.0)
+    assert max(cloud(d) for _, d, _ in calm) == 0
+
+
+def test_cloud_ordered_for_a_miss_is_not_cancelled_when_the_burst_ends() -> None:
+    # a 3-minute burst missing the SLO: what it ordered stays while the rules' total still asks for
+    # it (their scale-down stabilization, 300 s by default), not only the 60 s cloud window (the
+    # next spike of a train would find nothing on its way); it goes with the total
+    queue = lambda t: 40.0 if 20 * 60 <= t < 23 * 60 else 0.0  # noqa: E731
+    ticks = run(burst(20, 23), 45, policy(MISS_SLO, cloud_scale_down_s=60), queue=queue)
+    assert all(cloud(d) > 0 for t, d, _ in ticks if 21 * 60 <= t < 27 * 60)
+    cuts = {Reason.CLOUD_RELEASED.value, Reason.CLOUD_NOT_NEEDED.value}
+    assert all(d.stage("lead-time").reason not in cuts for t, d, _ in ticks if 23 * 60 <= t < 27 * 60)
+    assert all(cloud(d) == 0 for t, d, _ in ticks if t >= 29 * 60)
+
+
+def test_a_burst_expected_from_past_gaps_keeps_the_cloud_its_memory_asks_for() -> None:
+    # bursts came 10 minutes apart (longer than the 8-minute lead time); the last ended 2 minutes
+    # ago. The rules' memory of the peak still asks for 12 replicas, the load now needs 2: the 4
+    # cloud replicas stay, since the next burst is expected within a lead time and the window
+    # (without a known gap they would go)
+    rules = policy().spec.lead_time
+    now = 10_000.0
+    need = leadtime.Need(total=12, present=2, trend=2, load=2.0, queue=0.0, missing=False)
+    seen = {"last_over": now - 120.0, "bursts": (600.0, 600.0), "gaps": (600.0, 600.0)}
+    kept = leadtime.cloud_cap(seen, need, now_s=now, onprem=8, cloud=4, cloud_ready=4, lead_s=LEAD_S, rules=rules)
+    assert kept.max_cloud == 4 and "a burst is expected in 480s" in kept.message
+    first = leadtime.cloud_cap({**seen, "gaps": ()}, need, now_s=now, onprem=8, cloud=4, cloud_ready=4,
+                               lead_s=LEAD_S, rules=rules)
+    assert first.max_cloud == 0 and first.reason == Reason.CLOUD_RELEASED.value
+    # long after the expected burst should have come and gone, nothing is kept for it
+    late = leadtime.cloud_cap({**seen, "last_over": now - 2400.0}, need, now_s=now, onprem=8, cloud=4,
+                              cloud_ready=4, lead_s=LEAD_S, rules=rules)
+    assert late.max_cloud == 0
+
+
+def test_a_dip_shorter_than_the_window_keeps_the_ready_cloud_replicas_of_a_running_burst() -> None:
+    # a long burst, easing (the rules' memory still holds the peak's replicas, on cloud) and dipping
+    # to what on-prem holds for 30 s before it comes back: the ready cloud replicas stay
+    def rate(t: float) -> float:
+        m = t / 60
+        return 12.0 if 10 <= m < 30 or m >= 32.5 else 9.0 if 30 <= m < 32 else 8.0 if 32 <= m < 32.5 else 2.0
+    ticks = run(rate, 40)
+    ready_before = min(sum(s[n].ready_replicas or 0 for n in CLOUD) for t, _, s in ticks if 31 * 60 <= t < 32 * 60)
+    assert ready_before >= 3
+    assert all(cloud(d) >= ready_before for t, d, _ in ticks if 32 * 60 <= t < 33 * 60)
