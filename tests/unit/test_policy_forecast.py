@@ -65,9 +65,10 @@ def run(kind: Forecast, rates: list[float], step_s: float = 15.0, tok: list[floa
     # a ramp of 0.1 req/s per 15 s over 5 minutes: slope 1/150 per s, 480 s ahead -> 3.9 + 3.2
     ([2.0 + 0.1 * i for i in range(20)], {"burst_window_s": 0, "trend_window_s": 240},
      math.ceil((3.9 + 480 / 150) / 1.6), Reason.THROUGHPUT_ABOVE_CAPACITY),
-    # ... but not while the history (285 s) covers only part of the trend window (600 s): no
-    # trend at all, the latest rate sizes it
-    ([2.0 + 0.1 * i for i in range(20)], {"burst_window_s": 0}, math.ceil(3.9 / 1.6), Reason.BELOW_TARGETS),
+    # ... but while the history (285 s) covers only part of the trend window (600 s), over that
+    # share of the lead only: 3.9 + 3.2 x 285 / 600
+    ([2.0 + 0.1 * i for i in range(20)], {"burst_window_s": 0}, math.ceil((3.9 + 3.2 * 285 / 600) / 1.6),
+     Reason.WITHIN_TARGETS),
     # a falling ramp is not extrapolated down: the latest rate (burst window 0) sizes it
     ([6.0 - 0.2 * i for i in range(20)], {"burst_window_s": 0}, math.ceil(2.2 / 1.6), Reason.BELOW_TARGETS),
     # idle: zero rate -> 0 replicas (the bounds stage applies min_replicas)
