@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from controller.core.model import Action, Decision, ModelSignals, ModelSpec, PoolSpec
 from controller.core.policy import EffectivePolicy
@@ -34,10 +34,19 @@ class MetricsExport:
         self.models = models
         self.pools = pools
         self.policy = policy
+        self._action_children: dict[tuple[str, str, str], Any] = {}
+        """``tidegate_actions`` children by (pool, call, status): a label set's child is kept."""
 
     def actions(self, actions: Sequence[Action]) -> None:
+        counts: dict[tuple[str, str, str], int] = {}
         for a in actions:
-            self.metrics.actions.labels(pool=a.pool, call=a.call, status=a.status.value).inc()
+            key = (a.pool, a.call, a.status.value)
+            counts[key] = counts.get(key, 0) + 1
+        for key, n in counts.items():
+            child = self._action_children.get(key)
+            if child is None:  # prometheus_client's labels() validates and locks: once per label set
+                child = self._action_children[key] = self.metrics.actions.labels(*key)
+            child.inc(n)
 
     def decided(self, d: Decision, sig: ModelSignals, outcome: str) -> None:
         m = self.metrics

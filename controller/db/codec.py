@@ -83,6 +83,8 @@ _FLOAT_TAG = "$float"
 
 def encode_datetime(value: datetime) -> str:
     """ISO-8601 in UTC. Raises ``ValueError`` on a naive datetime (no zone: a bug upstream)."""
+    if value.tzinfo is timezone.utc:  # the usual case: already UTC (same string, no conversion)
+        return value.isoformat()
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"naive datetime {value.isoformat()} has no timezone; pass aware UTC times")
     return value.astimezone(timezone.utc).isoformat()

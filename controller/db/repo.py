@@ -258,11 +258,13 @@ class Repository:
         chains: dict[str, _Chain] = {}
         ids: list[int] = []
         waves: list[list[dict[str, Any]]] = []  # rows of distinct models, so each knows its previous id
+        in_wave: set[str] = set()  # the models of the last wave
         for row in rows:
-            wave = next((w for w in waves[-1:] if all(r["model"] != row["model"] for r in w)), None)
-            if wave is None:
-                waves.append(wave := [])
-            wave.append(row)
+            if not waves or row["model"] in in_wave:
+                waves.append([])
+                in_wave = set()
+            waves[-1].append(row)
+            in_wave.add(row["model"])
         for wave in waves:
             raws = []
             for row in wave:

@@ -62,6 +62,28 @@ def test_rows_decode_exactly_through_payload_chains_keyframes_and_a_restart(migr
         repo.close()
 
 
+def test_one_batch_with_a_model_more_than_once_chains_each_row_to_its_models_previous(migrated_db_url: str) -> None:
+    # A journal replay writes several ticks of a model in one batch: each row is compressed
+    # against the row of its model just before it, written in the same transaction.
+    repo = Repository(migrated_db_url)
+    try:
+        order = ["a", "b", "a", "a", "b", "c", "a"]
+        items = [(ticking(m, i), signals_for(m, T0 + timedelta(seconds=5 * i)), False) for i, m in enumerate(order)]
+        ids = repo.record_decisions(items)
+        with repo.engine.connect() as c:
+            prev = dict(c.execute(sa.text("SELECT id, payload_prev FROM decisions")).all())
+        last: dict[str, int] = {}
+        for m, decision_id in zip(order, ids):
+            assert prev[decision_id] == last.get(m)
+            last[m] = decision_id
+        for (d, _, _), decision_id in zip(items, ids):
+            got = repo.load_decision(decision_id)
+            assert got is not None and got[0].recommendations == d.recommendations
+            assert got[0].history.rule_state == d.history.rule_state
+    finally:
+        repo.close()
+
+
 def test_rows_written_before_the_payload_format_still_decode(db_url: str) -> None:
     upgrade(db_url, "0001")
     d = ticking("old", 3)
