@@ -87,17 +87,21 @@ class TritonFallback:
     ``replicas`` is a mapping or a callable returning one (called every tick, so replicas can
     come and go). ``observe`` returns ``queue_depth``, ``p99_latency_ms`` (a mean, reason
     ``AverageNotP99``) and ``request_rate_per_s`` per model; deltas are taken between this call
-    and the previous one for the same replica, so the first call only sets the baseline. Time
+    and the previous one for the same replica, so the first call only sets the baseline (and a call
+within ``min_interval_s`` of it reports no baseline and keeps it). Time
     comes in as ``now``; nothing here reads the clock.
     """
 
     def __init__(self, replicas: ReplicaMap | Callable[[], ReplicaMap], *, timeout_s: float = 1.0,
-                 max_interval_s: float = 120.0,
+                 max_interval_s: float = 120.0, min_interval_s: float = 0.25,
                  client_factory: Callable[[str, float], Any] | None = None) -> None:
         self._replicas = replicas
         self.timeout_s = timeout_s
         self.max_interval_s = max_interval_s
         """A baseline older than this is too old to take a meaningful delta against."""
+        self.min_interval_s = min_interval_s
+        """A read this soon after the baseline is no interval: the reads' own latency (``now`` is
+        taken before them) would dominate the rates, so the baseline is kept for the next read."""
         self._client_factory = client_factory or _default_client
         self._clients: dict[str, Any] = {}
         self._prev: dict[tuple[str, str], _Stats] = {}
@@ -202,6 +206,10 @@ class TritonFallback:
                     self._prev.pop((r.url, m.name), None)
                     continue
                 prev = self._prev.get((r.url, m.name))
+                if prev is not None and 0 < (cur.at - prev.at).total_seconds() < self.min_interval_s:
+                    problems.append(f"{NO_BASELINE}: {r.url}: {(cur.at - prev.at).total_seconds():.2f}s since the "
+                                    f"baseline, under {self.min_interval_s:g}s; it stays the baseline")
+                    continue
                 self._prev[(r.url, m.name)] = cur
                 if prev is None:
                     problems.append(f"{NO_BASELINE}: {r.url}: first statistics read; deltas need two")

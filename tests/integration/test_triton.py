@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -205,6 +205,23 @@ def test_statistics_fallback_sees_queue_and_latency_rise_under_load(triton_serve
     assert reason_code(lat) == "AverageNotP99"
     assert busy.request_rate_per_s.value is not None
     assert 0.3 / SERVICE_S < busy.request_rate_per_s.value < 1.2 / SERVICE_S
+
+
+def test_a_statistics_read_too_soon_after_the_baseline_keeps_it(triton_server: TritonServer) -> None:
+    """Rates over a few milliseconds are the reads' own latency, not load (CI once saw 1,344
+    req/s from a server that serves 50): such a read reports no baseline and keeps the old one,
+    and the next read takes its deltas over the whole interval."""
+    fb = TritonFallback({MODEL: [TritonReplica(triton_server.http, "cpu")]})
+    try:
+        t0 = now()
+        fb.observe([spec()], t0)
+        soon = fb.observe([spec()], t0 + timedelta(milliseconds=10))[MODEL]
+        assert soon.request_rate_per_s.value is None and reason_code(soon.request_rate_per_s) == "NoBaseline"
+        assert "stays the baseline" in (soon.request_rate_per_s.reason or "")
+        later = fb.observe([spec()], t0 + timedelta(seconds=1))[MODEL]
+        assert later.request_rate_per_s.value is not None and later.request_rate_per_s.value < 1.2 / SERVICE_S
+    finally:
+        fb.close()
 
 
 def test_prometheus_on_real_triton_killed_falls_back_to_triton_and_recovers(triton_server: TritonServer) -> None:
