@@ -81,11 +81,16 @@ class Fleet(Billing):
 
     def _release_node(self, node: _Node) -> None:
         self.version += 1
+        self._remove_node(node, recreate=False)
+
+    def _remove_node(self, node: _Node, *, recreate: bool) -> None:
+        """Bill the pool up to now, mark ``node`` gone with its pods (recreated elsewhere or not)
+        and take it out of its pool."""
         pool = node.pool
         self._bill(pool)
         node.state = N_GONE
         for pod in list(node.pods):
-            self._kill_pod(pod, recreate=False)
+            self._kill_pod(pod, recreate=recreate)
         pool.nodes.remove(node)
         self._bill(pool)
 
@@ -297,12 +302,7 @@ class Fleet(Billing):
         if node.state == N_GONE:
             return
         pool = node.pool
-        self._bill(pool)
-        node.state = N_GONE
-        for pod in list(node.pods):
-            self._kill_pod(pod, recreate=True)
-        pool.nodes.remove(node)
-        self._bill(pool)
+        self._remove_node(node, recreate=True)
         self._bind(pool)
         if self.ctrl.node_mode == "direct":
             self._reconcile_nodes(pool)
