@@ -24,9 +24,13 @@ Conventions (the wire format, stable across versions):
 from __future__ import annotations
 
 import enum
+import functools
+import json
 import math
 from datetime import datetime, timezone
 from typing import Any, Mapping
+
+import orjson
 
 from controller.core.model import (
     Action,
@@ -81,10 +85,28 @@ _FLOAT_TAG = "$float"
 # --- scalars -------------------------------------------------------------------------------
 
 
+def dump_json(value: Any, *, sort_keys: bool = False) -> bytes:
+    """Compact JSON (UTF-8, no spaces) of JSON-ready ``value`` by orjson, ~8x faster than the
+    standard encoder on a decision's payload (the largest part of recording a tick). ``value``
+    must be JSON-ready: a non-finite float must be encoded first (:func:`encode_float`,
+    :func:`to_jsonable`; every ``*_to_json`` here does), since orjson writes NaN and infinities as
+    ``null``. A value orjson refuses (an integer beyond 64 bits) goes through ``json.dumps``."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS | (orjson.OPT_SORT_KEYS if sort_keys else 0))
+    except orjson.JSONEncodeError:
+        return json.dumps(value, separators=(",", ":"), sort_keys=sort_keys, ensure_ascii=False).encode()
+
+
+_utc_iso = functools.lru_cache(maxsize=8192)(datetime.isoformat)
+"""``isoformat`` of UTC datetimes, remembered: a tick writes the same few instants thousands of
+times (every sample and pool state of every model carries one), and a lookup costs ~1/15 of
+formatting again. Only UTC values enter it, so equal instants are equal strings."""
+
+
 def encode_datetime(value: datetime) -> str:
     """ISO-8601 in UTC. Raises ``ValueError`` on a naive datetime (no zone: a bug upstream)."""
     if value.tzinfo is timezone.utc:  # the usual case: already UTC (same string, no conversion)
-        return value.isoformat()
+        return _utc_iso(value)
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"naive datetime {value.isoformat()} has no timezone; pass aware UTC times")
     return value.astimezone(timezone.utc).isoformat()
@@ -128,7 +150,16 @@ def decode_float(value: float | int | str | None) -> float | None:
 def to_jsonable(value: Any) -> Any:
     """Encode a free-form value (rule state, action arguments) into JSON-ready data, tagging
     datetimes and non-finite floats so :func:`from_jsonable` restores them."""
-    if value is None or isinstance(value, (bool, str)):
+    kind = type(value)  # exact types first: the common ones, without the ABC checks below
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is float and math.isfinite(value):
+        return value
+    if kind is dict:
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, (bool, str)):
         return value
     if isinstance(value, enum.Enum):
         return to_jsonable(value.value)

@@ -17,8 +17,11 @@ their JSON columns and decode as they always did.
 
 from __future__ import annotations
 
-import json
 import zlib
+
+import orjson
+
+from controller.db.codec import dump_json
 from typing import Any, Callable, Mapping
 
 __all__ = ["KEYFRAME_EVERY", "encode", "decode", "split_state", "join_state"]
@@ -29,7 +32,7 @@ rows; a keyframe costs a few KB (the forecast rule's state), shared by the rows 
 
 
 def _raw(doc: Mapping[str, Any]) -> bytes:
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+    return dump_json(doc, sort_keys=True)
 
 
 def encode(doc: Mapping[str, Any], previous: bytes | None) -> tuple[bytes, bytes]:
@@ -60,7 +63,7 @@ def decode(row_id: int, rows: Mapping[int, tuple[bytes, int | None]], cache: dic
         i = entry[1]
     for j, (payload, prev) in reversed(chain):
         cache[j] = decode_raw(payload, None if prev is None else cache[prev])
-    return json.loads(cache[row_id])
+    return orjson.loads(cache[row_id])
 
 
 def split_state(recommendations: list[dict[str, Any]], rule_state: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -73,7 +73,7 @@ def test_rollups_merge_to_the_same_row_however_the_batches_split(rows: list, cut
 
 
 docs = st.dictionaries(st.text(min_size=1, max_size=8), st.one_of(st.integers(), st.text(max_size=30),
-                                                                  st.lists(st.floats(allow_nan=False), max_size=20)),
+                                                                  st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=20)),
                        max_size=6)
 
 
