@@ -38,7 +38,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
-import psycopg
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.logs import log
@@ -161,14 +160,17 @@ class PostgresAdvisoryLock:
 
     def __init__(self, dsn: str, *, name: str = "leader", identity: str | None = None,
                  connect_timeout_s: float = 3.0, keepalive_idle_s: int = 10,
-                 connect: Callable[..., Any] = psycopg.connect) -> None:
+                 connect: Callable[..., Any] | None = None) -> None:
+        import psycopg  # here, not at the top: a daemon on SQLite never loads the driver
+
+        self._error: type[Exception] = psycopg.Error
         self.dsn = libpq_dsn(dsn)
         self.name = name
         self.key = lock_key(name)
         self.identity = identity or default_identity()
         self.connect_timeout_s = connect_timeout_s
         self.keepalive_idle_s = keepalive_idle_s
-        self._connect = connect
+        self._connect = connect or psycopg.connect
         self._conn: Any = None
         self.last_error: str | None = None
         self.check_error: str | None = None
@@ -198,7 +200,7 @@ class PostgresAdvisoryLock:
         if conn is not None:
             try:
                 conn.close()
-            except psycopg.Error:
+            except self._error:
                 pass
 
     @property
@@ -220,7 +222,7 @@ class PostgresAdvisoryLock:
             return False
         try:
             return self._holds(self._conn)
-        except psycopg.Error as e:  # the session is gone, and the lock with it
+        except self._error as e:  # the session is gone, and the lock with it
             self._drop(e)
             return False
 
@@ -237,7 +239,7 @@ class PostgresAdvisoryLock:
                 row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()
                 self.check_error = None
                 return bool(row and row[0])
-            except psycopg.Error as e:
+            except self._error as e:
                 self._drop(e)
                 if not reused or attempt:
                     self.check_error = self.last_error
@@ -250,7 +252,7 @@ class PostgresAdvisoryLock:
         try:
             if self._holds(self._conn):
                 self._conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
-        except psycopg.Error as e:
+        except self._error as e:
             self._drop(e)
             return
         self._drop(RuntimeError("released"))
@@ -262,7 +264,7 @@ class PostgresAdvisoryLock:
             row = self._connection().execute(
                 "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid = %s "
                 "AND objid = %s AND objsubid = 1", (self._classid, self._objid)).fetchone()
-        except psycopg.Error as e:
+        except self._error as e:
             self._drop(e)
             return None
         return int(row[0]) if row else None
