@@ -32,19 +32,25 @@ def _escape(value: str) -> str:
 class _Child:
     """One series of a :class:`ModelFamily` (one label set)."""
 
-    __slots__ = ("_family", "_model", "_key", "value")
+    __slots__ = ("_family", "_model", "_key", "value", "present")
 
     def __init__(self, family: "ModelFamily", model: str, key: tuple[str, ...]) -> None:
         self._family, self._model, self._key = family, model, key
         self.value = 0.0
+        self.present = False
+        """Exposed: set or incremented since it was made (or removed)."""
 
     def set(self, value: float) -> None:
         value = float(value)
-        if value != self.value or self._key not in self._family._present.get(self._model, ()):
-            self._family._update(self._model, self._key, self, value)
+        if value != self.value or not self.present:
+            self._family._update(self._model, self, value)
 
     def inc(self, amount: float = 1.0) -> None:
-        self._family._update(self._model, self._key, self, self.value + float(amount))
+        self._family._update(self._model, self, self.value + float(amount))
+
+
+_ABSENT = _Child.__new__(_Child)
+_ABSENT.present = False
 
 
 class ModelFamily:
@@ -56,10 +62,8 @@ class ModelFamily:
         self.sample_name = f"{name}_total" if counter else name
         self._lock = threading.Lock()
         self._children: dict[str, dict[tuple[str, ...], _Child]] = {}
-        """Per model: its children by label values, created once by ``labels()``."""
-        self._present: dict[str, dict[tuple[str, ...], _Child]] = {}
-        """Per model: the series it exposes (a child exists from ``labels()`` on; it is exposed
-        once set or incremented)."""
+        """Per model: its children by label values, created once by ``labels()``; a child is
+        exposed once set or incremented (``present``)."""
         self._text: dict[str, str] = {}
         self._dirty: set[str] = set()
         self._rendered: bytes | None = None
@@ -72,10 +76,11 @@ class ModelFamily:
                 child = self._children.setdefault(key[0], {}).setdefault(key, _Child(self, key[0], key))
         return child
 
-    def _update(self, model: str, key: tuple[str, ...], child: _Child, value: float) -> None:
+    def _update(self, model: str, child: _Child, value: float) -> None:
         with self._lock:
             child.value = value
-            self._present.setdefault(model, {})[key] = child
+            child.present = True
+            self._children.setdefault(model, {})[child._key] = child  # again after remove()
             self._dirty.add(model)
             self._rendered = None
 
@@ -83,27 +88,31 @@ class ModelFamily:
         """Stop exposing one series (``KeyError`` when it is not exposed, as ``prometheus_client``)."""
         key = tuple(values)
         with self._lock:
-            series = self._present.get(key[0], {})
-            del series[key]
-            self._children.get(key[0], {}).pop(key, None)
+            series = self._children.get(key[0], {})
+            if not series.get(key, _ABSENT).present:
+                raise KeyError(key)
+            series.pop(key).present = False
             self._dirty.add(key[0])
             self._rendered = None
 
     def forget(self, model: str) -> None:
         """Drop every series of ``model``."""
         with self._lock:
-            self._present.pop(model, None)
-            self._children.pop(model, None)
+            for child in self._children.pop(model, {}).values():
+                child.present = False
             self._text.pop(model, None)
             self._dirty.discard(model)
             self._rendered = None
 
     def models(self) -> set[str]:
-        return set(self._present)
+        return {m for m, series in self._children.items() if any(c.present for c in series.values())}
+
+    def _exposed(self, model: str) -> Iterator[tuple[tuple[str, ...], _Child]]:
+        return ((k, c) for k, c in self._children.get(model, {}).items() if c.present)
 
     def _model_text(self, model: str) -> str:
         lines = []
-        for key, child in self._present.get(model, {}).items():
+        for key, child in self._exposed(model):
             labels = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(self.labelnames, key))
             lines.append(f"{self.sample_name}{{{labels}}} {floatToGoString(child.value)}\n")
         return "".join(lines)
@@ -112,8 +121,9 @@ class ModelFamily:
         with self._lock:
             if self._rendered is None:
                 for model in self._dirty:
-                    if model in self._present:
-                        self._text[model] = self._model_text(model)
+                    text = self._model_text(model)
+                    if text:
+                        self._text[model] = text
                     else:
                         self._text.pop(model, None)
                 self._dirty.clear()
@@ -131,8 +141,8 @@ class ModelFamily:
         else:
             fam = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
         with self._lock:
-            for series in self._present.values():
-                for key, child in series.items():
+            for model in self._children:
+                for key, child in self._exposed(model):
                     fam.add_metric(list(key), child.value)
         yield fam
 
