@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {"models", "database", "tick_s", "observe_s", "decide_s", "act_s", "record_s", "bytes_per_decision",
-          "rss_mb", "rss_growth_mb", "ready_s"}
+          "rss_mb", "world_mb", "daemon_rss_mb", "rss_growth_mb", "ready_s"}
 
 
 def test_control_plane_bench_prints_one_json_object_with_every_field() -> None:
@@ -23,6 +23,8 @@ def test_control_plane_bench_prints_one_json_object_with_every_field() -> None:
     for run in (single, sharded):
         assert FIELDS <= set(run), set(run)
         assert run["database"] == "sqlite" and run["bytes_per_decision"] is not None and run["rss_mb"] > 0
+        # the world's share is measured apart (numpy alone is tens of MB) and taken off the process's
+        assert run["world_mb"] > 0 and run["daemon_rss_mb"] == round(run["rss_mb"] - run["world_mb"], 1)
         assert all(run[k] >= 0 for k in ("tick_s", "observe_s", "decide_s", "act_s", "record_s", "ready_s"))
     assert (single["models"], single["replicas"]) == (3, 1)
     assert (sharded["models"], sharded["replicas"]) == (30, 10)
