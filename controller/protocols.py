@@ -76,7 +76,9 @@ class MeasuresPower(Protocol):
 
 def degraded_models(source: object) -> Mapping[str, str]:
     """What ``source`` reports as degraded (:class:`ReportsDegradation`); nothing otherwise."""
-    return source.degraded if isinstance(source, ReportsDegradation) else {}
+    # hasattr is the runtime check of this data-only protocol, without typing's isinstance (7.3 us
+    # against 0.03 us for a source without it, `python -m timeit`); the daemon asks at every tick
+    return source.degraded if hasattr(source, "degraded") else {}
 
 
 @runtime_checkable

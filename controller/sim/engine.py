@@ -158,7 +158,11 @@ class SimPool:
         self.pool = pool
 
     def state(self, model: ModelSpec, now: datetime) -> PoolState:
-        return self.sim._pool_views(now)[0][self.pool.name]
+        sim = self.sim
+        cache = sim.obs_cache
+        if cache is not None and sim.obs_at_s == sim.now and sim.obs_version == sim.version:
+            return cache[0][self.pool.name]  # the tick's other pools: what ``_pool_views`` would return
+        return sim._pool_views(now)[0][self.pool.name]
 
     def scale(self, model: ModelSpec, replicas: int, nodes: int, now: datetime) -> Sequence[Action]:
         before = self.sim.scale_pool(self.pool.name, replicas, nodes)

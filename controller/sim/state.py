@@ -72,6 +72,8 @@ class SimState:
         self.obs_cache: tuple[dict[str, PoolState], dict[str, int], dict[str, int], dict[str, int]] | None = None
         self.obs_expiry = INF
         self.obs_at_s = -INF
+        self._dt_s = math.nan  # the instant ``_dt`` converted last, and its datetime
+        self._dt_at = self.setup.epoch
         self.applied_version = -1
         self.scrape_samples: dict[str, Sample] = dict.fromkeys(model_signal_names(), _NOT_SCRAPED)
         """Every signal of the table: the last scrape's sample, or ``NotScrapedYet``."""
@@ -191,7 +193,11 @@ class SimState:
 
 
     def _dt(self, t_s: float) -> datetime:
-        return self.setup.epoch + timedelta(seconds=t_s)
+        # a tick asks for its instant twice (the controller's ``now`` and the metrics' ``at``)
+        if t_s != self._dt_s:
+            self._dt_s = t_s
+            self._dt_at = self.setup.epoch + timedelta(seconds=t_s)
+        return self._dt_at
 
 
     def _push(self, t: float, kind: int, obj: Any = None, ver: int = 0) -> None:
