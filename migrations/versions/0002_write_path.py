@@ -33,8 +33,8 @@ def _ts() -> sa.DateTime:
 def upgrade() -> None:
     op.create_index("ix_decisions_model_id", "decisions", ["model", "id"], unique=False)
     if op.get_bind().dialect.name == "postgresql":
-        # room in each page for the outcome's update right after the intent (a HOT update: no new
-        # index entries, the old version pruned in place)
+        # room in each page for some of the outcomes' updates right after the intents (a HOT
+        # update: no new index entries); see the note on DecisionRow's indexes for how many fit
         op.execute("ALTER TABLE decisions SET (fillfactor = 85)")
     op.add_column("decisions", sa.Column("noop_actions", sa.Integer(), server_default="0", nullable=False))
     op.add_column("decisions", sa.Column("payload", sa.LargeBinary(), nullable=True))
