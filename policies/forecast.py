@@ -42,6 +42,7 @@ history is kept as it was. Without a capacity profile there is nothing to size w
 from __future__ import annotations
 
 import math
+import operator
 from bisect import bisect_left
 from typing import Any, Sequence
 
@@ -179,6 +180,9 @@ def fold_peaks(peaks: list[Sample3], older: Sequence[Sample3], bucket_s: float) 
         peaks.append((t, r, o))
     return peaks
 
+
+_time_of = operator.itemgetter(0)
+"""A sample's time (C-level: it keys a binary search every tick)."""
 
 COLUMNS = (("requests", 1), ("output_tokens", 2))
 """The two forecast rates and their column in a ``Sample3``."""
@@ -420,7 +424,7 @@ class Forecast(PolicyKind):
         # full resolution where the trend reads it, a coarse running peak history beyond
         fine_from = now_s - max(p.trend_window_s, FINE_MIN_S)
         if samples and samples[0][0] < fine_from:
-            k = bisect_left(samples, fine_from, key=lambda x: x[0])
+            k = bisect_left(samples, fine_from, key=_time_of)
             peaks = fold_peaks(peaks, samples[:k], max(PEAK_BUCKET_MIN_S, keep_s / PEAK_BUCKETS))
             running.remove(samples[:k], fine_from)
             samples = samples[k:]

@@ -37,12 +37,12 @@ from the decision log like a rule's). Pure: standard library and the core's own 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from controller.core.model import Decision, ModelSignals, ReplicaCapacity
+from controller.core.model import Decision, ReplicaCapacity
 from controller.core.spec import CapacityLearning
 
 STATE_KEY = "@capacity"
@@ -96,11 +96,9 @@ class Learned:
                 f"profile {self.prior.output_tokens_per_s:.3g} tok/s, {self.prior.requests_per_s:.3g} req/s")
 
 
-def observed_mix(signals: ModelSignals, now: datetime, max_age_s: float) -> Mix | None:
-    """Mean prompt and output tokens per request from the fresh rates; ``None`` without traffic."""
-    req = signals.request_rate_per_s.fresh(now, max_age_s)
-    out = signals.output_tokens_per_s.fresh(now, max_age_s)
-    inp = signals.input_tokens_per_s.fresh(now, max_age_s)
+def mix_of(req: float | None, out: float | None, inp: float | None) -> Mix | None:
+    """Mean prompt and output tokens per request from fresh request, output token and input token
+    rates; ``None`` without traffic."""
     if req is None or out is None or inp is None or req <= 0 or out < 0 or inp < 0:
         return None
     return Mix(inp / req, max(out / req, 1.0))
@@ -140,8 +138,11 @@ def smoothed_mix(state: Mapping[str, Any], mix: Mix | None, now_s: float, tau_s:
 
 def _num(state: Mapping[str, Any], key: str, default: float) -> float:
     """A number from JSON-round-tripped state (a malformed value is the default, never fatal)."""
+    v = state.get(key, default)
+    if type(v) is float:  # the learner's own writes (and the defaults): no conversion, no try (hot path)
+        return v if math.isfinite(v) else default
     try:
-        v = float(state.get(key, default))
+        v = float(v)
     except (TypeError, ValueError):
         return default
     return v if math.isfinite(v) else default
@@ -265,15 +266,19 @@ _GPU_FIELDS = ("scale", "hi", "hi_t")
 the fleet's."""
 
 
+_NOT_FLEET = frozenset((*_GPU_FIELDS, GPU_KEY))
+
+
 def _gpu_fields(state: Mapping[str, Any], gpu: str) -> dict[str, Any]:
     """The learner's fields for ``gpu``. A state from before the per-GPU learner (no ``gpus``)
     holds one scale for the model: every GPU type starts from it. A GPU type the state does not
     know yet starts from its profile."""
     per = state.get(GPU_KEY)
-    if not isinstance(per, Mapping):
+    # ``type(...) is dict`` first: an ABC isinstance check is slow, and the state is plain dicts
+    if not (type(per) is dict or isinstance(per, Mapping)):
         return {k: state[k] for k in _GPU_FIELDS if k in state}
     own = per.get(gpu)
-    return {k: own[k] for k in _GPU_FIELDS if k in own} if isinstance(own, Mapping) else {}
+    return {k: own[k] for k in _GPU_FIELDS if k in own} if type(own) is dict or isinstance(own, Mapping) else {}
 
 
 def learned_scale(state: Mapping[str, Any], gpu: str, cfg: CapacityLearning) -> float:
@@ -293,13 +298,17 @@ def load_units_by_gpu(state: Mapping[str, Any], cfg: CapacityLearning, ready: Ma
     n = sum(ready.values())
     scales = {g: learned_scale(state, g, cfg) for g in ready}
     rel: float | None = None
-    for load, per in ((requests_per_s, lambda c: c.requests_per_s), (output_tokens_per_s, lambda c: c.output_tokens_per_s)):
-        if load is None:
-            continue
-        cap = sum(k * scales[g] * per(priors[g]) for g, k in ready.items())
-        if cap > 0:
-            rel = max(rel or 0.0, load / cap)
+    if requests_per_s is not None:
+        rel = _larger(rel, requests_per_s, sum([k * scales[g] * priors[g].requests_per_s for g, k in ready.items()]))
+    if output_tokens_per_s is not None:
+        rel = _larger(rel, output_tokens_per_s,
+                      sum([k * scales[g] * priors[g].output_tokens_per_s for g, k in ready.items()]))
     return {g: None if rel is None else rel * scales[g] * n for g in ready}
+
+
+def _larger(rel: float | None, load: float, cap: float) -> float | None:
+    """The larger of ``rel`` and ``load / cap`` (``rel`` alone when nothing sustains the load)."""
+    return max(rel or 0.0, load / cap) if cap > 0 else rel
 
 
 def learn_by_gpu(state: Mapping[str, Any], obs: Observed, load_units: Mapping[str, float | None],
@@ -309,24 +318,24 @@ def learn_by_gpu(state: Mapping[str, Any], obs: Observed, load_units: Mapping[st
     capacities. ``load_units[g]``: :func:`load_units_by_gpu`, for the GPU types with ready
     replicas; the others keep what they learned. The pressure, its smoothing and the ready count
     are the fleet's, shared."""
-    fleet = {k: v for k, v in state.items() if k not in _GPU_FIELDS and k != GPU_KEY}
+    fleet = {k: v for k, v in state.items() if k not in _NOT_FLEET}
     known = state.get(GPU_KEY)
-    gpus = sorted(set(load_units) | (set(known) if isinstance(known, Mapping) else set()))
+    gpus = sorted(set(load_units) | (set(known) if type(known) is dict or isinstance(known, Mapping) else set()))
     scales: dict[str, float] = {}
     per: dict[str, dict[str, Any]] = {}
     evidence: list[str] = []
     new_fleet: dict[str, Any] | None = None
     for gpu in gpus:
-        sub = {**fleet, **_gpu_fields(state, gpu)}
+        fields = _gpu_fields(state, gpu)
         if gpu in load_units:
             o = Observed(obs.now_s, load_units[gpu], obs.ready, obs.settled, obs.slack, obs.pressure)
-            scale, ev, new = learn(sub, o, cfg, planned_fraction)
+            scale, ev, new = learn({**fleet, **fields}, o, cfg, planned_fraction)
             new_fleet = new
             evidence.append(f"{gpu}: {ev}")
+            per[gpu] = {k: new.get(k) for k in _GPU_FIELDS}
         else:  # no replica of it ready: nothing to learn about it this tick
-            scale, _, new = learn(sub, Observed(obs.now_s, None, 0, False), cfg, planned_fraction)
+            scale, per[gpu] = _idle(fields, obs.now_s, cfg)
         scales[gpu] = scale
-        per[gpu] = {k: new.get(k) for k in _GPU_FIELDS}
     if new_fleet is None:  # no GPU type has evidence: the fleet's clock and pressure still move
         scale, ev, new_fleet = learn(fleet, Observed(obs.now_s, None, obs.ready, obs.settled, obs.slack, obs.pressure),
                                      cfg, planned_fraction)
@@ -336,9 +345,22 @@ def learn_by_gpu(state: Mapping[str, Any], obs: Observed, load_units: Mapping[st
     return scales, _one_line(evidence), out
 
 
+def _idle(state: Mapping[str, Any], now_s: float, cfg: CapacityLearning) -> tuple[float, dict[str, Any]]:
+    """(scale, per-GPU fields) of a GPU type with no ready replica: what :func:`learn` returns for
+    an observation without load (its scale kept, its upper bound forgotten after ``memory_s``),
+    without the fleet's fields it would compute only to be dropped."""
+    scale = min(max(_num(state, "scale", 1.0), cfg.min_scale), cfg.max_scale)
+    hi, hi_t = _num(state, "hi", math.inf), _num(state, "hi_t", -math.inf)
+    if now_s - hi_t > cfg.memory_s or math.isinf(hi):
+        return scale, {"scale": scale, "hi": None, "hi_t": None}
+    return scale, {"scale": scale, "hi": hi, "hi_t": hi_t}
+
+
 def _one_line(evidence: list[str]) -> str:
     """``H100: calm ...; H200: pressure ...``, or the evidence alone where every GPU type saw the
     same (one GPU type, or several with the same profile)."""
+    if len(evidence) == 1:  # one GPU type: the common case
+        return evidence[0].split(": ", 1)[1] if ": " in evidence[0] else evidence[0]
     plain = {e.split(": ", 1)[1] if ": " in e else e for e in evidence}
     return plain.pop() if len(plain) == 1 else "; ".join(evidence)
 
@@ -364,7 +386,7 @@ def _mean(values: list[float | None], weights: list[float], total: float) -> flo
     """The mean of ``values`` weighted by ``weights`` (summing to ``total``); ``None`` if one is."""
     if None in values:
         return None
-    return sum((v or 0.0) * w for v, w in zip(values, weights)) / total
+    return sum(map(operator.mul, values, weights)) / total
 
 
 def shown(cap: ReplicaCapacity, prior: ReplicaCapacity, evidence: str) -> dict[str, Any]:

@@ -285,6 +285,11 @@ class _Bursts:
                 "recent": tuple(self.recent), "loads": tuple(self.loads), "queue": self.queue, "missed": self.missed}
 
 
+def off(state: Mapping[str, Any]) -> CloudCap:
+    """The verdict while lead-time economics is off: no ceiling, the state kept as it was."""
+    return CloudCap(None, None, "off", dict(state))
+
+
 def cloud_cap(state: Mapping[str, Any], need: Need, *, now_s: float, onprem: int, cloud: int, cloud_ready: int,
               lead_s: float | None, rules: LeadTime) -> CloudCap:
     """How many replicas the cloud pools may hold this tick (the module docstring's rules).
@@ -292,8 +297,10 @@ def cloud_cap(state: Mapping[str, Any], need: Need, *, now_s: float, onprem: int
     ``onprem``: the replicas the on-prem pools hold at most; ``cloud``, ``cloud_ready``: the
     replicas on cloud pools now, and of those the ready ones; ``lead_s``: the cloud lead time
     (``None``: no cloud pool, no ceiling)."""
-    if not rules.enabled or lead_s is None:
-        return CloudCap(None, None, "off" if not rules.enabled else "no cloud pool", dict(state))
+    if not rules.enabled:
+        return off(state)
+    if lead_s is None:
+        return CloudCap(None, None, "no cloud pool", dict(state))
     b = _Bursts.read(state)
     window = b.hold_s(rules.cloud_scale_down_s, lead_s)
     in_burst = need.present > onprem

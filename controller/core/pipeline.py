@@ -73,6 +73,18 @@ was observed has the single stage ``observe`` (``NotObservedYet``)."""
 
 _EMPTY_STATE: Mapping[str, Any] = {}
 
+# The reason codes every decision reads, as plain strings: an enum's ``.value`` is a Python-level
+# property call (the hot path reads a dozen a decision).
+_PLACED = Reason.PLACED.value
+_BUDGET_CAP_REACHED = Reason.BUDGET_CAP_REACHED.value
+_WITHIN_BUDGET = Reason.WITHIN_BUDGET.value
+_SCALED = Reason.SCALED.value
+_UNCHANGED = Reason.UNCHANGED.value
+_TOO_FEW_REPLICAS = Reason.TOO_FEW_REPLICAS.value
+_TOO_MANY_REPLICAS = Reason.TOO_MANY_REPLICAS.value
+_OVERRIDE_BOUNDS = Reason.OVERRIDE_BOUNDS.value
+_CAPACITY_EXHAUSTED = Reason.CAPACITY_EXHAUSTED.value
+
 
 class _Step(NamedTuple):
     """What one stage leaves for the next: the total and the reason in force after it, and the
@@ -158,13 +170,32 @@ def _ready_by_gpu(model: ModelSpec, pools: Mapping[str, PoolSpec], signals: Mode
     return out
 
 
-def _arrivals(signals: ModelSignals, now: datetime, max_age_s: float) -> tuple[float | None, float | None]:
+class _Fresh(NamedTuple):
+    """The fresh values (``Sample.fresh``) of the signals the pipeline's own stages read, each read
+    once per decision (capacity, pressure, lead time and budget share them)."""
+
+    request_rate: float | None
+    output_tokens: float | None
+    input_tokens: float | None
+    queue: float | None
+    latency: float | None
+    ttft: float | None
+
+    @classmethod
+    def of(cls, signals: ModelSignals, now: datetime, max_age_s: float) -> "_Fresh":
+        s = signals
+        return cls(s.request_rate_per_s.fresh(now, max_age_s), s.output_tokens_per_s.fresh(now, max_age_s),
+                   s.input_tokens_per_s.fresh(now, max_age_s), s.queue_depth.fresh(now, max_age_s),
+                   s.p99_latency_ms.fresh(now, max_age_s), s.p99_ttft_ms.fresh(now, max_age_s))
+
+
+def _arrivals(fresh: _Fresh) -> tuple[float | None, float | None]:
     """(request rate, requests waiting): lead-time economics watches the arrivals for a steady
     rise, and the rate the replicas take in stops rising when they saturate while the queue grows.
     Requests as they are, not in replicas of a capacity: the capacity for the observed token mix
     moves with the load while the replicas saturate (the served token rate is flat, so the
     observed tokens per request fall), and would hide the rise."""
-    return signals.request_rate_per_s.fresh(now, max_age_s), signals.queue_depth.fresh(now, max_age_s)
+    return fresh.request_rate, fresh.queue
 
 
 def _capacity(
@@ -175,29 +206,30 @@ def _capacity(
     policy: EffectivePolicy,
     history: History,
     now: datetime,
+    fresh: _Fresh,
+    ready: int | None,
+    pressure: float | None,
 ) -> learned_capacity.Learned | None:
     """The per-replica capacity for the served token mix, corrected by what ready replicas
     sustain (``controller.core.capacity``), learned per GPU type and averaged over the GPU types
-    the placement holds by their replicas; ``None`` if the bundle declares none."""
+    the placement holds by their replicas; ``None`` if the bundle declares none. ``ready``: the
+    ready replicas (``ModelSignals.ready_replicas``); ``pressure``: their :func:`_pressure`."""
     if not model.capacity:
         return None
     spec = policy.spec
-    max_age_s = spec.missing_data.max_signal_age_s
     state = history.rule_state.get(learned_capacity.STATE_KEY, _EMPTY_STATE)
     c, now_s = spec.capacity, now.timestamp()
-    mix = learned_capacity.smoothed_mix(state, learned_capacity.observed_mix(signals, now, max_age_s), now_s,
-                                        c.mix_tau_s)
+    mix = learned_capacity.smoothed_mix(
+        state, learned_capacity.mix_of(fresh.request_rate, fresh.output_tokens, fresh.input_tokens), now_s, c.mix_tau_s)
     weights = _capacity_weights(model, pools, signals, current, policy)
     ready_gpus = _ready_by_gpu(model, pools, signals)
     priors = {g: learned_capacity.for_mix(model.capacity[g], mix) for g in set(weights) | set(ready_gpus)}
-    ready, total = signals.ready_replicas, sum(current.values())
+    total = sum(current.values())
     obs = learned_capacity.Observed(
         now_s=now_s, load_units=None, ready=ready or 0,
         settled=ready is not None and ready >= total > 0, slack=int(spec.behavior.tolerance * (ready or 0)),
-        pressure=_pressure(signals, spec, ready, now, max_age_s))
-    units = learned_capacity.load_units_by_gpu(state, c, ready_gpus, priors,
-                                               signals.request_rate_per_s.fresh(now, max_age_s),
-                                               signals.output_tokens_per_s.fresh(now, max_age_s))
+        pressure=pressure)
+    units = learned_capacity.load_units_by_gpu(state, c, ready_gpus, priors, fresh.request_rate, fresh.output_tokens)
     scales, evidence, new_state = learned_capacity.learn_by_gpu(state, obs, units, c, _planned_fraction(policy))
     caps = {g: learned_capacity.for_mix(model.capacity[g], mix, scales.get(g, 1.0)) for g in weights}
     cap = learned_capacity.weighted(caps, weights)
@@ -213,23 +245,14 @@ def _capacity(
     return learned_capacity.Learned(cap, prior, scale, evidence, new_state)
 
 
-def _waited_ttft(signals: ModelSignals, queue: float | None, now: datetime, max_age_s: float) -> float | None:
-    """The fresh p99 TTFT, or ``None`` while no request waits (its window then remembers a backlog
-    already served)."""
-    return None if queue == 0 else signals.p99_ttft_ms.fresh(now, max_age_s)
-
-
-def _pressure(signals: ModelSignals, spec: PolicySpec, ready: int | None, now: datetime, max_age_s: float
-              ) -> float | None:
+def _pressure(fresh: _Fresh, spec: PolicySpec, ready: int | None) -> float | None:
     """How close the ready replicas are to the SLO (1 = at it): p99 TTFT over its target where
     measured, else the mean wait (Little's law: queue / request rate) over ``wait_fraction`` of the
     TTFT target; and the queue per replica and p99 latency over theirs. The largest counts. A p99
     TTFT over a window while no request waits is the window's memory of a backlog already served
     (after a cold start into a queue it stays high for the window): it counts only with a queue."""
-    queue = signals.queue_depth.fresh(now, max_age_s)
-    rate = signals.request_rate_per_s.fresh(now, max_age_s)
-    latency = signals.p99_latency_ms.fresh(now, max_age_s)
-    ttft = _waited_ttft(signals, queue, now, max_age_s)
+    queue, rate, latency = fresh.queue, fresh.request_rate, fresh.latency
+    ttft = None if queue == 0 else fresh.ttft
     slo = spec.slo
     ratios = []
     if queue is not None and ready and slo.queue_depth_per_replica:
@@ -241,6 +264,16 @@ def _pressure(signals: ModelSignals, spec: PolicySpec, ready: int | None, now: d
     if latency is not None and slo.p99_latency_ms:
         ratios.append(latency / slo.p99_latency_ms)
     return max(ratios, default=None)
+
+
+def _observe(model: ModelSpec, signals: ModelSignals, spec: PolicySpec, now: datetime
+             ) -> tuple[_Fresh, int | None, float | None]:
+    """The fresh values of the signals the stages read, the ready replicas, and their
+    :func:`_pressure` where learned capacity or lead-time economics reads it (``None`` otherwise)."""
+    fresh, ready = _Fresh.of(signals, now, spec.missing_data.max_signal_age_s), signals.ready_replicas
+    if not model.capacity and not spec.lead_time.enabled:
+        return fresh, ready, None
+    return fresh, ready, _pressure(fresh, spec, ready)
 
 
 def _planned_fraction(policy: EffectivePolicy) -> float:
@@ -393,7 +426,8 @@ def _observation_gaps(signals: ModelSignals) -> tuple[Recommendation, ...]:
     if signals.degraded:
         return (Recommendation(rule=f"degraded: {signals.degraded}", kind="observation", replicas=None,
                                reason=Reason.METRIC_MISSING.value, missing_data=True),)
-    partial_samples = [n for n in pooled_signal_names() if (signals.sample(n).reason or "").startswith("Partial")]
+    samples = signals.samples
+    partial_samples = [n for n in pooled_signal_names() if (samples[n].reason or "").startswith("Partial")]
     if partial_samples:
         return (Recommendation(rule=f"partial data: {', '.join(partial_samples)}", kind="observation",
                                replicas=None, reason=Reason.METRIC_MISSING.value, missing_data=True),)
@@ -444,8 +478,8 @@ def _limits(effect: OverrideEffect, floor: Recommendation | None, bounds: Bounds
     pol_min, pol_max = bounds.min_replicas, bounds.max_replicas
     lo, hi = effect.bounds_for(pol_min, pol_max)
     by_override = effect.bounds is not None
-    lo_reason = Reason.OVERRIDE_BOUNDS.value if by_override and lo != pol_min else Reason.TOO_FEW_REPLICAS.value
-    hi_reason = Reason.OVERRIDE_BOUNDS.value if by_override and hi != pol_max else Reason.TOO_MANY_REPLICAS.value
+    lo_reason = _OVERRIDE_BOUNDS if by_override and lo != pol_min else _TOO_FEW_REPLICAS
+    hi_reason = _OVERRIDE_BOUNDS if by_override and hi != pol_max else _TOO_MANY_REPLICAS
     if floor is not None and (floor.replicas or 0) > lo:
         lo = min(floor.replicas or 0, hi)
         lo_reason = Reason.SCHEDULE_FLOOR.value
@@ -502,10 +536,7 @@ def _need(op: _Opinions, total: int, load: tuple[float | None, float | None], mi
 
 def _cloud_views(model: ModelSpec, pools: Mapping[str, PoolSpec], states: Mapping[str, PoolState], spec: PolicySpec,
                  drained: frozenset[str]) -> tuple[int, int, int, float | None]:
-    """(on-prem room, cloud replicas, of those ready, cloud lead time) for ``leadtime.cloud_cap``;
-    zeros and no lead time while lead-time economics is off (it reads none of them then)."""
-    if not spec.lead_time.enabled:
-        return 0, 0, 0, None
+    """(on-prem room, cloud replicas, of those ready, cloud lead time) for ``leadtime.cloud_cap``."""
     cloud, ready = leadtime.cloud_replicas(model, pools, states)
     return (leadtime.onprem_room(model, pools, states, spec.placement, drained), cloud, ready,
             leadtime.cloud_lead_time_s(model, pools, spec.placement, drained))
@@ -513,8 +544,8 @@ def _cloud_views(model: ModelSpec, pools: Mapping[str, PoolSpec], states: Mappin
 
 def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str, PoolSpec], signals: ModelSignals,
                spec: PolicySpec, history: History, fixed: Mapping[str, int], drained: frozenset[str],
-               load: tuple[float | None, float | None], lo: int, pinned_total: bool, now: datetime
-               ) -> tuple[int | None, _Step]:
+               load: tuple[float | None, float | None], pressure: float | None, lo: int, pinned_total: bool,
+               now: datetime) -> tuple[int | None, _Step]:
     """Stage 9: (the cloud ceiling for placement, the step): the total less what the cloud may
     not hold (``controller.core.leadtime``), never below the min ``lo`` (bounds and floors beat
     it); its state goes to ``op.rule_state``."""
@@ -524,14 +555,15 @@ def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str,
         # (the burst history is kept as it was)
         op.rule_state[leadtime.STATE_KEY] = history.rule_state.get(leadtime.STATE_KEY, _EMPTY_STATE)
         return None, _Step(value, prev.reason, Stage("lead-time", value, prev.reason, "pinned: not applied"))
+    old_state = history.rule_state.get(leadtime.STATE_KEY, _EMPTY_STATE)
+    if not rules.enabled:  # nothing to size: the need and the cloud's views go unread
+        cap = leadtime.off(old_state)
+        op.rule_state[leadtime.STATE_KEY] = cap.state
+        return None, _Step(value, prev.reason, Stage("lead-time", value, prev.reason, cap.message))
     missing = bool(op.missing or signals.degraded) and spec.missing_data.on_missing is OnMissing.HOLD
     onprem, cloud, ready, lead_s = _cloud_views(model, pools, signals.pools, spec, drained)
-    pressure = _pressure(signals, spec, signals.ready_replicas, now, spec.missing_data.max_signal_age_s) \
-        if rules.enabled else None
-    cap = leadtime.cloud_cap(history.rule_state.get(leadtime.STATE_KEY, _EMPTY_STATE),
-                             _need(op, value, load, missing, pressure),
-                             now_s=now.timestamp(), onprem=onprem, cloud=cloud, cloud_ready=ready,
-                             lead_s=lead_s, rules=rules)
+    cap = leadtime.cloud_cap(old_state, _need(op, value, load, missing, pressure), now_s=now.timestamp(),
+                             onprem=onprem, cloud=cloud, cloud_ready=ready, lead_s=lead_s, rules=rules)
     op.rule_state[leadtime.STATE_KEY] = cap.state
     max_cloud = cap.max_cloud if cap.max_cloud is None else max(cap.max_cloud, lo - onprem)
     if max_cloud is None or value <= onprem + max_cloud:
@@ -541,22 +573,20 @@ def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str,
     return max_cloud, _Step(placed, code, Stage("lead-time", placed, code, f"{value} -> {placed}: {cap.message}"))
 
 
-def _cost_cap(budget: Budget, signals: ModelSignals, now: datetime, max_age_s: float, lo: int, total: int,
-              fill: Callable[..., PlacementResult]) -> _Cap:
-    """Stage 11, first half: the ceiling placement works within. ``fill(total=, max_cost_per_hour_usd=)``
-    places like the placement stage will."""
+def _cost_cap(budget: Budget, rate: float | None, lo: int, total: int, fill: Callable[..., PlacementResult]) -> _Cap:
+    """Stage 11, first half: the ceiling placement works within, at the fresh output token
+    ``rate``. ``fill(total=, max_cost_per_hour_usd=)`` places like the placement stage will."""
     hard, per_million = budget.max_cost_per_hour_usd, budget.max_cost_per_million_tokens_usd
     if per_million is None:
-        return _Cap(hard, Reason.BUDGET_CAP_REACHED.value, "")
-    rate = signals.output_tokens_per_s.fresh(now, max_age_s)
+        return _Cap(hard, _BUDGET_CAP_REACHED, "")
     if rate is None or rate <= 0:
         # Cost per token is undefined without a token rate: the ceiling cannot be computed.
-        return _Cap(hard, Reason.BUDGET_CAP_REACHED.value,
+        return _Cap(hard, _BUDGET_CAP_REACHED,
                     f"cost-per-token cap ${per_million:g}/M ignored: output token rate unknown")
     token_cap = hourly_cost_at_usd(per_million, rate)
     note = f"${per_million:g}/M tokens at {rate:g} tok/s = ${token_cap:.2f}/h"
     if hard is not None and token_cap >= hard:
-        return _Cap(hard, Reason.BUDGET_CAP_REACHED.value, note)
+        return _Cap(hard, _BUDGET_CAP_REACHED, note)
     # Cost per token is an efficiency ceiling, not a spending one: at low traffic it would
     # otherwise starve the fleet below min_replicas (even to zero). It limits scale-out only; the
     # hard max_cost_per_hour_usd still beats min_replicas.
@@ -575,8 +605,8 @@ def _placement(prev: _Step, result: PlacementResult, current: int, previous: Map
     moved_only = placed == current and result.replicas != previous
     code = reason
     if result.capacity_limited:
-        reason = code = Reason.CAPACITY_EXHAUSTED.value
-    elif result.reason != Reason.BUDGET_CAP_REACHED.value and result.reason != Reason.PLACED.value:
+        reason = code = _CAPACITY_EXHAUSTED
+    elif result.reason != _BUDGET_CAP_REACHED and result.reason != _PLACED:
         code = result.reason
         if moved_only:
             reason = result.reason
@@ -594,7 +624,7 @@ def _budget(prev: _Step, result: PlacementResult, cap: _Cap, total: int, lo: int
     if not result.budget_limited:
         return _Step(placed, prev.reason, Stage(
             "budget", placed, prev.reason,
-            f"${result.cost_per_hour_usd:.2f}/h <= cap ${cap.usd:.2f}/h ({Reason.WITHIN_BUDGET.value}){note}"))
+            f"${result.cost_per_hour_usd:.2f}/h <= cap ${cap.usd:.2f}/h ({_WITHIN_BUDGET}){note}"))
     msg = f"cap ${cap.usd:.2f}/h reached: ${result.cost_per_hour_usd:.2f}/h for {placed} of {total} replicas"
     if result.budget_removed:
         msg += f", removed {result.budget_removed}"
@@ -618,9 +648,9 @@ def _outcome(prev: _Step, result: PlacementResult, effect: OverrideEffect, pause
         return _Outcome(placement, placed, Reason.PAUSED.value, False, result.cost_per_hour_usd,
                         result.interrupted_replaced, stage)
     if placement != previous:
-        stage = Stage("outcome", placed, Reason.SCALED.value, f"{current} -> {placed}")
+        stage = Stage("outcome", placed, _SCALED, f"{current} -> {placed}")
     else:
-        stage = Stage("outcome", placed, Reason.UNCHANGED.value, f"unchanged at {placed}")
+        stage = Stage("outcome", placed, _UNCHANGED, f"unchanged at {placed}")
     return _Outcome(placement, placed, prev.reason, True, result.cost_per_hour_usd, result.interrupted_replaced,
                     stage)
 
@@ -657,10 +687,11 @@ def decide(
     # the spot hedge's spares are no demand: the rules and safeguards see the replicas without them
     current = max(0, observed - hedge_spare(history.rule_state)) if spec.placement.spot_hedge > 0 else observed
     max_age_s = spec.missing_data.max_signal_age_s
-    learned = _capacity(model, pools, signals, previous, policy, history, now)
+    fresh, ready, pressure = _observe(model, signals, spec, now)
+    learned = _capacity(model, pools, signals, previous, policy, history, now, fresh, ready, pressure)
     op = _opinions(policy, history, partial(
         PolicyContext, model=model, signals=signals, now=now, current_replicas=current,
-        ready_replicas=signals.ready_replicas, capacity=None if learned is None else learned.capacity,
+        ready_replicas=ready, capacity=None if learned is None else learned.capacity,
         slo=_slo_targets(spec), max_signal_age_s=max_age_s))
     if learned is not None:
         op.rule_state[learned_capacity.STATE_KEY] = learned.state
@@ -675,11 +706,11 @@ def decide(
     lo, bounded = _bounds(limited, effect, op.floor, spec.bounds)
     fixed, drained, overridden = _overrides(bounded, effect, previous, spec.bounds.max_replicas)
     max_cloud, timed = _lead_time(overridden, op, model, pools, signals, spec, history, fixed, drained,
-                                  _arrivals(signals, now, max_age_s), lo, effect.pin_total is not None, now)
+                                  _arrivals(fresh), pressure, lo, effect.pin_total is not None, now)
     fill = partial(place, model=model, pools=pools, states=states, placement=spec.placement, drained=drained,
                    pinned=fixed, max_total=effect.bounds_for(spec.bounds.min_replicas, spec.bounds.max_replicas)[1],
                    max_cloud=max_cloud)
-    cap = _cost_cap(spec.budget, signals, now, max_age_s, lo, timed.value, fill)
+    cap = _cost_cap(spec.budget, fresh.output_tokens, lo, timed.value, fill)
     result = fill(total=timed.value, max_cost_per_hour_usd=cap.usd)
     placed = _placement(timed, result, observed, previous, fixed)
     budgeted = _budget(placed, result, cap, timed.value, lo)

@@ -57,7 +57,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Collection, Mapping, NamedTuple
 
-from controller.core.model import ModelSpec, PoolSpec, PoolState
+from controller.core.model import ModelSpec, PoolSpec, PoolState, Tier
 from controller.core.pricing import pool_price, replica_price, whole_nodes
 from controller.core.reasons import Reason
 from controller.core.spec import Placement as PlacementSpec
@@ -70,6 +70,18 @@ _EPS_USD = 1e-9
 
 _ONPREM, _SPOT, _ONDEMAND = 0, 1, 2  # Tier.rank of each tier
 """Looked up once per pool and call: enum properties are slow in hot loops."""
+
+# The reason codes placement reports, as plain strings: an enum's ``.value`` is a Python-level
+# property call (``_reason`` reads several every call).
+_PLACED = Reason.PLACED.value
+_BUDGET_CAP_REACHED = Reason.BUDGET_CAP_REACHED.value
+_CAPACITY_EXHAUSTED = Reason.CAPACITY_EXHAUSTED.value
+_OVERRIDE_DRAIN = Reason.OVERRIDE_DRAIN.value
+_SPOT_INTERRUPTED = Reason.SPOT_INTERRUPTED.value
+_SPOT_POOL_UNAVAILABLE = Reason.SPOT_POOL_UNAVAILABLE.value
+_POOL_UNAVAILABLE = Reason.POOL_UNAVAILABLE.value
+_ON_DEMAND_FALLBACK = Reason.ON_DEMAND_FALLBACK.value
+_SPOT_HEDGE = Reason.SPOT_HEDGE.value
 
 
 class _Pool:
@@ -90,23 +102,25 @@ class _Pool:
         self.pinned = False
         if spec is None:
             self.tier, self.priority, self.per_node, self.capacity = _ONDEMAND, 0, 0, 0
-            self.price, self.eff_cost, self.usable = 0.0, float("inf"), False
+            self.price, self.eff_cost, self.usable = 0.0, math.inf, False
             return
-        self.tier = spec.tier.rank
+        tier = spec.tier  # Tier.rank inlined: a property call per pool and decision (hot path)
+        self.tier = _ONPREM if tier is Tier.ONPREM else _SPOT if tier is Tier.SPOT else _ONDEMAND
         self.priority = spec.priority
-        self.per_node = spec.replicas_per_node(model)
+        per_node = self.per_node = spec.replicas_per_node(model)
         bound = spec.max_nodes if state is None or state.max_nodes is None else min(spec.max_nodes, max(0, state.max_nodes))
-        self.capacity = bound * self.per_node
-        self.price = pool_price(spec, state)
+        self.capacity = bound * per_node
+        self.price = price = pool_price(spec, state)
         # pricing.replica_price, with the price and replicas per node this pool already holds: hot loop
-        self.eff_cost = self.price / self.per_node if self.per_node > 0 else float("inf")
-        self.usable = self.per_node > 0
+        self.eff_cost = price / per_node if per_node > 0 else math.inf
+        self.usable = per_node > 0
 
     def nodes(self) -> int:
         return whole_nodes(self.replicas, self.per_node)
 
     def cost(self) -> float:
-        return whole_nodes(self.replicas, self.per_node) * self.price  # nodes() inlined: hot loop
+        r, per_node = self.replicas, self.per_node  # nodes() (pricing.whole_nodes) inlined: hot loop
+        return (0 if r <= 0 else r if per_node <= 0 else -(-r // per_node)) * self.price
 
     def add_cost(self) -> float:
         """Extra cost per hour of one more replica: a new node, or nothing when one has room."""
@@ -269,7 +283,7 @@ def place(
     cap = max_cost_per_hour_usd
     kept = _keep_valid(model, pools, states, placement, drained, pinned or {})
     views = kept.views
-    want = max(total, sum(p.replicas for p in views if p.pinned))
+    want = max(total, sum([p.replicas for p in views if p.pinned]))
     risk = _spot_risk(views, states, placement.spot_hedge, want if pinned else max_total, want)
     _trim_excess(views, want + risk.spare)
     cloud_events = _trim_cloud(views, max_cloud)
@@ -280,7 +294,7 @@ def place(
     short = _shortfall(views, want, cap, placement.allow_on_demand, trim.removed, max_cloud)
     return PlacementResult(
         replicas={p.name: p.replicas for p in views},
-        cost_per_hour_usd=sum(p.cost() for p in views),
+        cost_per_hour_usd=sum([p.cost() for p in views]),
         requested=total,
         kept={p.name: p.kept for p in views},
         reason=_hedge_reason(_reason(kept, short, fill.on_demand), hedge),
@@ -310,9 +324,9 @@ def _keep_valid(model: ModelSpec, pools: Mapping[str, PoolSpec], states: Mapping
         if not p.usable or (allowed is not None and name not in allowed):
             _unusable(kept, p, model, allowed)
         elif name in drained:
-            kept.events.append((Reason.OVERRIDE_DRAIN.value, f"{name} drained: moving {p.current}"))
+            kept.events.append((_OVERRIDE_DRAIN, f"{name} drained: moving {p.current}"))
             if p.current:
-                kept.move_off(Reason.OVERRIDE_DRAIN.value, p.current)
+                kept.move_off(_OVERRIDE_DRAIN, p.current)
         elif name in pinned:
             p.pinned = True
             p.kept = p.replicas = min(max(0, pinned[name]), p.capacity)
@@ -331,8 +345,8 @@ def _unusable(kept: _Kept, p: _Pool, model: ModelSpec, allowed: Collection[str] 
     why = ("no pool spec" if spec is None else
            "not allowed by the policy" if allowed is not None and p.name not in allowed else
            f"no engine for GPU {spec.gpu_type} x{spec.gpus_per_node} at TP {model.tp_degree}")
-    kept.events.append((Reason.POOL_UNAVAILABLE.value, f"{p.name} unusable ({why}): moving {p.current}"))
-    kept.move_off(Reason.POOL_UNAVAILABLE.value, p.current)
+    kept.events.append((_POOL_UNAVAILABLE, f"{p.name} unusable ({why}): moving {p.current}"))
+    kept.move_off(_POOL_UNAVAILABLE, p.current)
 
 
 def _unavailable(p: _Pool, state: PoolState | None, placement: PlacementSpec) -> tuple[str, str] | None:
@@ -344,7 +358,7 @@ def _unavailable(p: _Pool, state: PoolState | None, placement: PlacementSpec) ->
         code = (Reason.SPOT_POOL_UNAVAILABLE if p.tier == _SPOT else Reason.POOL_UNAVAILABLE).value
         return code, state.unavailable_reason or "unavailable"
     if p.tier == _SPOT and state.recent_interruptions > placement.max_recent_interruptions:
-        return (Reason.SPOT_POOL_UNAVAILABLE.value,
+        return (_SPOT_POOL_UNAVAILABLE,
                 f"{state.recent_interruptions} recent interruptions > {placement.max_recent_interruptions}")
     return None
 
@@ -359,7 +373,7 @@ def _keep_current(kept: _Kept, p: _Pool, state: PoolState | None, placement: Pla
         keep -= gone
         kept.interrupted_removed += gone
         accepts = False  # the noticed nodes are going away: replace elsewhere, not here
-        kept.events.append((Reason.SPOT_INTERRUPTED.value, f"{p.name}: {gone} replicas on interrupted nodes"))
+        kept.events.append((_SPOT_INTERRUPTED, f"{p.name}: {gone} replicas on interrupted nodes"))
     unavailable = _unavailable(p, state, placement)
     if unavailable is not None:
         accepts = False
@@ -373,7 +387,7 @@ def _keep_current(kept: _Kept, p: _Pool, state: PoolState | None, placement: Pla
         kept.events.append((code, f"{p.name} unavailable ({why}): keeps {stay} of {keep}, no new"))
         keep = stay
     if keep > p.capacity:
-        kept.events.append((Reason.CAPACITY_EXHAUSTED.value, f"{p.name} holds {keep} but fits {p.capacity}"))
+        kept.events.append((_CAPACITY_EXHAUSTED, f"{p.name} holds {keep} but fits {p.capacity}"))
         keep = p.capacity
     p.kept = p.replicas = keep
     p.accepts = accepts and p.capacity > 0
@@ -407,7 +421,7 @@ def _trim_excess(views: list[_Pool], want: int) -> int:
     """Step 2, too many: remove not-ready cloud replicas first, then on-demand, then spot, on-prem
     last; most expensive first within a tier; pinned pools keep their pin. Returns the replicas
     removed."""
-    excess = sum(p.replicas for p in views) - want
+    excess = sum([p.replicas for p in views]) - want
     if excess <= 0:
         return 0
     return _remove(_trim_order(views, (_ONPREM, _SPOT, _ONDEMAND)), excess)
@@ -431,7 +445,7 @@ def _trim_cloud(views: list[_Pool], max_cloud: int | None) -> list[tuple[str, st
 def _trim_to_budget(views: list[_Pool], cap: float | None) -> _Trim:
     """Step 3, budget: while the cost is above the cap, remove whole nodes, cloud before on-prem,
     unpinned before pinned, dearest first."""
-    cost = sum(p.cost() for p in views)
+    cost = sum([p.cost() for p in views])
     if cap is None or cost <= cap + _EPS_USD:
         return _Trim(cost, 0, False, [])
     before = cost
@@ -445,7 +459,7 @@ def _trim_to_budget(views: list[_Pool], cap: float | None) -> _Trim:
         onprem = onprem or (n > 0 and p.tier == _ONPREM)
         if cost <= cap + _EPS_USD:
             break
-    event = (Reason.BUDGET_CAP_REACHED.value, f"${before:.2f}/h over the ${cap:.2f}/h cap: removed {removed} replicas")
+    event = (_BUDGET_CAP_REACHED, f"${before:.2f}/h over the ${cap:.2f}/h cap: removed {removed} replicas")
     return _Trim(sum(p.cost() for p in views), removed, onprem, [event])
 
 
@@ -471,7 +485,7 @@ def _fill(views: list[_Pool], want: int, trim: _Trim, cap: float | None, placeme
     """Step 4, too few: on-prem, then spot (spread), then on-demand, the cloud tiers within
     ``max_cloud``; each replica only within the budget."""
     cost = trim.cost
-    need = want - sum(p.replicas for p in views)
+    need = want - sum([p.replicas for p in views])
     if need <= 0:
         return _Fill(cost, 0, 0, [])
     added, cost = _fill_tier(_ranked(views, _ONPREM), need, cost, cap)
@@ -489,7 +503,7 @@ def _fill(views: list[_Pool], want: int, trim: _Trim, cap: float | None, placeme
     if not on_demand:
         return _Fill(cost, added, 0, [])
     return _Fill(cost, added, on_demand,
-                 [(Reason.ON_DEMAND_FALLBACK.value, f"on-prem and spot full: {on_demand} on on-demand")])
+                 [(_ON_DEMAND_FALLBACK, f"on-prem and spot full: {on_demand} on on-demand")])
 
 
 def _fill_tier(ranked: list[_Pool], need: int, cost: float, cap: float | None) -> tuple[int, float]:
@@ -539,8 +553,8 @@ def _repair_spread(views: list[_Pool], cost: float, cap: float | None, spread: i
     """Step 5, spread repair: more than one spot replica should not sit in fewer pools than asked
     for; move replicas from the fullest spot pool to the cheapest empty one, within the budget."""
     spot = [p for p in views if p.tier == _SPOT and p.usable]
-    target = min(spread, sum(p.replicas for p in spot)) if spread >= 2 else 0
-    nonempty = sum(1 for p in spot if p.replicas > 0)
+    target = min(spread, sum([p.replicas for p in spot])) if spread >= 2 else 0
+    nonempty = len([p for p in spot if p.replicas > 0])
     if target < 2 or nonempty >= target:
         return []
     return _spread_moves(spot, target, target - nonempty, cost, cap)
@@ -559,14 +573,14 @@ def _spread_moves(spot: list[_Pool], target: int, moves: int, cost: float, cap: 
             break
         moved_to, delta = _first_affordable(dests, cost, cap, src.remove_saving())
         if moved_to is None:
-            events.append((Reason.BUDGET_CAP_REACHED.value,
+            events.append((_BUDGET_CAP_REACHED,
                            f"spot spread over {target} pools would exceed the ${cap:.2f}/h cap"))
             break
         src.replicas -= 1
         moved_to.replicas += 1
         cost += delta
         dests.remove(moved_to)
-        events.append((Reason.PLACED.value, f"spot spread: moved 1 from {src.name} to {moved_to.name}"))
+        events.append((_PLACED, f"spot spread: moved 1 from {src.name} to {moved_to.name}"))
     return events
 
 
@@ -591,14 +605,14 @@ def _shortfall(views: list[_Pool], want: int, cap: float | None, allow_on_demand
                budget_removed: int, max_cloud: int | None = None) -> _Shortfall:
     """Whether the placement falls short of ``want`` for lack of room or of budget (a shortfall
     the cloud ceiling makes is neither: the pipeline's lead-time stage sized the total to it)."""
-    short = want - sum(p.replicas for p in views)
+    short = want - sum([p.replicas for p in views])
     room = _room(views, allow_on_demand, max_cloud) if short > 0 else 0
     capacity_limited = short > room
     events: list[tuple[str, str]] = []
     if capacity_limited:
-        events.append((Reason.CAPACITY_EXHAUSTED.value, f"no room for {short - room} of {want}"))
+        events.append((_CAPACITY_EXHAUSTED, f"no room for {short - room} of {want}"))
     if short > 0 and room > 0 and cap is not None:
-        events.append((Reason.BUDGET_CAP_REACHED.value, f"{min(short, room)} more would exceed the ${cap:.2f}/h cap"))
+        events.append((_BUDGET_CAP_REACHED, f"{min(short, room)} more would exceed the ${cap:.2f}/h cap"))
     return _Shortfall(capacity_limited, budget_removed > 0 or (short > 0 and room > 0), events)
 
 
@@ -606,7 +620,7 @@ def _why(views: list[_Pool], allow_on_demand: bool) -> tuple[str, ...]:
     """Why each pool got what it got: within each tier the fill order with the prices that set it
     (only pairs where one of the two holds replicas), full pools, on-demand left out."""
     usable = [p for p in views if p.usable]
-    out = [line for tier in (_ONPREM, _SPOT, _ONDEMAND) for line in _order(usable, tier)]
+    out = _order(usable)
     out.extend(f"{p.name} full: {p.replicas} of {p.capacity}" for p in usable
                if p.capacity > 0 and p.replicas >= p.capacity)
     if not allow_on_demand and any(p.tier == _ONDEMAND for p in usable):
@@ -614,10 +628,15 @@ def _why(views: list[_Pool], allow_on_demand: bool) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _order(usable: list[_Pool], tier: int) -> list[str]:
-    """The fill order of one tier's pools, pair by pair, where one of the pair holds replicas."""
-    ranked = sorted((p for p in usable if p.tier == tier), key=_Pool.rank)
-    return [_before(a, b) for a, b in zip(ranked, ranked[1:]) if a.replicas or b.replicas]
+def _order(usable: list[_Pool]) -> list[str]:
+    """The fill order within each tier (on-prem, spot, on-demand), pair by pair, where one of the
+    pair holds replicas (one sort: by tier, then as ``_Pool.rank``)."""
+    ranked = sorted(usable, key=_tier_rank)
+    return [_before(a, b) for a, b in zip(ranked, ranked[1:]) if a.tier == b.tier and (a.replicas or b.replicas)]
+
+
+def _tier_rank(p: _Pool) -> tuple[int, float, int, str]:
+    return (p.tier, p.eff_cost, p.priority, p.name)
 
 
 def _before(a: _Pool, b: _Pool) -> str:
@@ -633,20 +652,20 @@ def _reason(kept: _Kept, short: _Shortfall, on_demand: int) -> str:
     """The most significant reason code, in this order of precedence."""
     moved = kept.moved_off
     if short.budget_limited:
-        return Reason.BUDGET_CAP_REACHED.value
+        return _BUDGET_CAP_REACHED
     if short.capacity_limited:
-        return Reason.CAPACITY_EXHAUSTED.value
-    if moved.get(Reason.OVERRIDE_DRAIN.value):
-        return Reason.OVERRIDE_DRAIN.value
+        return _CAPACITY_EXHAUSTED
+    if moved.get(_OVERRIDE_DRAIN):
+        return _OVERRIDE_DRAIN
     if kept.interrupted_removed:
-        return Reason.SPOT_INTERRUPTED.value
-    if moved.get(Reason.SPOT_POOL_UNAVAILABLE.value):
-        return Reason.SPOT_POOL_UNAVAILABLE.value
-    if moved.get(Reason.POOL_UNAVAILABLE.value):
-        return Reason.POOL_UNAVAILABLE.value
+        return _SPOT_INTERRUPTED
+    if moved.get(_SPOT_POOL_UNAVAILABLE):
+        return _SPOT_POOL_UNAVAILABLE
+    if moved.get(_POOL_UNAVAILABLE):
+        return _POOL_UNAVAILABLE
     if on_demand:
-        return Reason.ON_DEMAND_FALLBACK.value
-    return Reason.PLACED.value
+        return _ON_DEMAND_FALLBACK
+    return _PLACED
 
 
 def _affordable(p: _Pool, need: int, cost: float, cap: float | None) -> int:
@@ -731,7 +750,7 @@ def _fill_hedge(views: list[_Pool], want: int, risk: _Risk, cap: float | None, p
     if need > 0:
         added_by = _add_spares(views, need, cost, cap, risk, placement, max_cloud)
     spare = max(0, sum(p.replicas for p in views) - want)
-    return _Hedge(spare, [(Reason.SPOT_HEDGE.value, _hedge_message(spare, risk, added_by))])
+    return _Hedge(spare, [(_SPOT_HEDGE, _hedge_message(spare, risk, added_by))])
 
 
 def _add_spares(views: list[_Pool], need: int, cost: float, cap: float | None, risk: _Risk,
@@ -766,7 +785,7 @@ def _hedge_message(spare: int, risk: _Risk, added_by: Mapping[int, int]) -> str:
 
 def _hedge_reason(reason: str, hedge: _Hedge) -> str:
     """``SpotHedge`` where the placement was otherwise unremarkable and holds spares."""
-    return Reason.SPOT_HEDGE.value if hedge.spare > 0 and reason == Reason.PLACED.value else reason
+    return _SPOT_HEDGE if hedge.spare > 0 and reason == _PLACED else reason
 
 
 def hedge_spare(rule_state: Mapping[str, Mapping[str, object]]) -> int:
