@@ -49,7 +49,7 @@ import logging
 import threading
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Callable, Collection, Mapping, Protocol, Sequence
+from typing import Callable, Collection, Mapping, Protocol, Sequence, cast
 
 from controller.core.model import (
     Action,
@@ -344,7 +344,7 @@ class Controller:
         specs = list(chosen.values())
         evaluates, measures_power = self._source_kinds()
         if evaluates:  # the PromQL the rules need this tick
-            self.metrics_source.set_queries({n: tuple(q for r in p.rules for q in r.queries())
+            cast(EvaluatesQueries, self.metrics_source).set_queries({n: tuple(q for r in p.rules for q in r.queries())
                                              for n, p in self.policies().items() if n in chosen})
         try:
             raw = dict(self.metrics_source.observe(specs, now))
@@ -355,7 +355,7 @@ class Controller:
             raw = {}
         prices = self._prices(now)
         degraded_all = degraded_models(self.metrics_source)
-        power_of = self.metrics_source.power_kw if measures_power else None
+        power_of = cast(MeasuresPower, self.metrics_source).power_kw if measures_power else None
         out: dict[str, ModelSignals] = {}
         for name, model in chosen.items():
             sig = raw.get(name) or ModelSignals(model=name, at=now)

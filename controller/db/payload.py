@@ -17,9 +17,8 @@ their JSON columns and decode as they always did.
 
 from __future__ import annotations
 
+import json
 import zlib
-
-import orjson
 
 from controller.db.codec import dump_json
 from typing import Any, Callable, Mapping
@@ -66,7 +65,7 @@ def decode(row_id: int, rows: Mapping[int, tuple[bytes, int | None]], cache: dic
         i = entry[1]
     for j, (payload, prev) in reversed(chain):
         cache[j] = decode_raw(payload, None if prev is None else cache[prev])
-    return orjson.loads(cache[row_id])
+    return json.loads(cache[row_id])  # not orjson: it reads an integer beyond 64 bits as a float
 
 
 def split_state(recommendations: list[dict[str, Any]], rule_state: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -301,7 +301,7 @@ class Repository:
         once). An ``INSERT ... VALUES (...), (...) RETURNING`` of 1,000 rows is one 25,000-parameter
         statement that psycopg parses again at every tick, without its statement cache.
         SQLite: one ``INSERT ... RETURNING`` of the rows, in order."""
-        table = DecisionRow.__table__
+        table = cast(sa.Table, DecisionRow.__table__)
         if conn.dialect.name != "postgresql":
             stmt = sa.insert(table).returning(table.c.id, sort_by_parameter_order=True)
             return lambda rows: list(conn.execute(stmt, rows).scalars())
