@@ -92,9 +92,9 @@ class MetricsExport:
         if cpt is not None:
             series.cost_per_mtok.set(cpt)
         if sig.p99_latency_ms.value is not None:
-            series.p99_latency.set(sig.p99_latency_ms.value)
+            series.p99.set(sig.p99_latency_ms.value)
         if sig.queue_depth.value is not None:
-            series.queue_depth.set(sig.queue_depth.value)
+            series.queue.set(sig.queue_depth.value)
         for s, sample in sig.samples.items():
             if sample.value is None and (sample.reason or "").split(":")[0] in NOT_MEASURED_REASONS:
                 with contextlib.suppress(KeyError):  # not measured by design: nothing to page about
@@ -109,7 +109,7 @@ class _Series:
     and ``remove``: setting it exposes its series again, as a new child would."""
 
     __slots__ = ("_metrics", "_model", "_decisions", "_missing", "desired_total", "pools", "cost_per_mtok",
-                 "p99_latency", "queue_depth", "budget_cap", "slo_p99")
+                 "p99", "queue", "budget_cap", "slo_p99")
 
     def __init__(self, m: DaemonMetrics, model: str, pools: Sequence[str]) -> None:
         self._metrics, self._model = m, model
@@ -120,8 +120,8 @@ class _Series:
                           m.replicas.labels(model, p, "ready"), m.cost_per_hour.labels(model, p),
                           m.pool_available.labels(model, p)) for p in pools}
         self.cost_per_mtok = m.cost_per_mtok.labels(model)
-        self.p99_latency = m.p99_latency.labels(model)
-        self.queue_depth = m.queue_depth.labels(model)
+        self.p99 = m.p99_latency.labels(model)
+        self.queue = m.queue_depth.labels(model)
         self.budget_cap = m.budget_cap.labels(model)
         self.slo_p99 = m.slo_p99.labels(model)
 
