@@ -48,7 +48,7 @@ def policy(forecast: bool) -> str:
 
 VACUUM_EVERY = 12
 """Ticks between the VACUUMs the PostgreSQL run makes (one minute of 5 s ticks: autovacuum's
-default naptime), so the room the outcome updates leave behind is reused as it is in service."""
+default naptime), so the room dead row versions leave behind is reused as it is in service."""
 
 
 def vacuum(url: str) -> None:
@@ -59,6 +59,7 @@ def vacuum(url: str) -> None:
         with engine.connect() as c:
             c.exec_driver_sql("VACUUM decisions")
             c.exec_driver_sql("VACUUM actions")
+            c.exec_driver_sql("VACUUM decision_outcomes")
     finally:
         engine.dispose()
 
@@ -70,7 +71,7 @@ def pg_bytes(url: str) -> int:
     try:
         with engine.connect() as c:
             return int(c.exec_driver_sql(
-                "SELECT pg_total_relation_size('decisions') + pg_total_relation_size('actions')").scalar() or 0)
+                "SELECT pg_total_relation_size('decisions') + pg_total_relation_size('actions') + pg_total_relation_size('decision_outcomes')").scalar() or 0)
     finally:
         engine.dispose()
 

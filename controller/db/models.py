@@ -24,6 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "JSONType",
     "OUTCOMES",
     "DecisionRow",
+    "OutcomeRow",
     "ActionRow",
     "OverrideRow",
     "AuditRow",
@@ -107,12 +109,11 @@ class DecisionRow(Base):
         # /v1/decisions?model= pages by id within one model: without it SQLite sorts the model's
         # whole history for every page
         sa.Index("ix_decisions_model_id", "model", "id"),
-        # No index on outcome: the outcome is written by an update right after the intent, which
-        # PostgreSQL can make in place (HOT: no new index entries) only while no index covers an
-        # updated column and the page has room. The migration leaves 15 % of each page free; a
-        # tick updates a whole page's rows at once, so about a fifth of the updates find room
-        # (1,560 of 7,000 over 8 ticks of bench/control_plane.py's 1,000-model fleet,
-        # pg_stat_user_tables.n_tup_hot_upd). The old versions are dead until vacuum.
+        # The outcome columns hold what the intent knew ("pending", or "skipped" for a decision
+        # that acts on nothing) and, for rows written before migration 0003, the outcome too.
+        # Since 0003 the outcome of an intent is a row of ``decision_outcomes``: an insert, not an
+        # update of this ~600-byte row (PostgreSQL kept every updated row's old version until
+        # vacuum: 5,594 dead of 7,000 updates over 8 ticks at 1,000 models, pg_stat_user_tables).
         sa.CheckConstraint(
             "outcome IN ('pending', 'applied', 'partial', 'failed', 'skipped', 'dry-run')",
             name="outcome",
@@ -141,10 +142,9 @@ class DecisionRow(Base):
     scale_from_replicas: Mapped[int | None] = mapped_column(sa.Integer)
     scale_to_replicas: Mapped[int | None] = mapped_column(sa.Integer)
     rule_state: Mapped[dict[str, Any]] = mapped_column(JSONType)
-    outcome: Mapped[str] = mapped_column(sa.String(16), default="pending")
-    outcome_detail: Mapped[str | None] = mapped_column(sa.Text)
-    noop_actions: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
-    """Provider calls that found nothing to change: counted here, not stored as action rows."""
+    intent_outcome: Mapped[str] = mapped_column("outcome", sa.String(16), default="pending")
+    intent_outcome_detail: Mapped[str | None] = mapped_column("outcome_detail", sa.Text)
+    intent_noop_actions: Mapped[int] = mapped_column("noop_actions", sa.Integer, default=0, server_default="0")
     # Rows written since the write-path migration keep signals, recommendations, trace and rule
     # state in ``payload`` (``controller.db.payload``: compressed against the row ``payload_prev``
     # of the same model, keyframe ``payload_base``); their JSON columns above hold empty values.
@@ -155,6 +155,45 @@ class DecisionRow(Base):
     actions: Mapped[list[ActionRow]] = relationship(
         back_populates="decision", order_by="ActionRow.id", cascade="all, delete-orphan"
     )
+    result: Mapped[OutcomeRow | None] = relationship(lazy="joined", uselist=False, passive_deletes=True)
+    """What came of the intent (``decision_outcomes``), once written."""
+
+    @hybrid_property
+    def outcome(self) -> str:
+        """The outcome: its ``decision_outcomes`` row's, else what the intent row holds."""
+        return self.result.outcome if self.result is not None else self.intent_outcome
+
+    @outcome.inplace.expression
+    @classmethod
+    def _outcome_expression(cls) -> sa.ColumnElement[str]:
+        written = sa.select(OutcomeRow.outcome).where(OutcomeRow.decision_id == cls.id).scalar_subquery()
+        return sa.func.coalesce(written, cls.intent_outcome)
+
+    @property
+    def outcome_detail(self) -> str | None:
+        return self.result.outcome_detail if self.result is not None else self.intent_outcome_detail
+
+    @property
+    def noop_actions(self) -> int:
+        """Provider calls that found nothing to change: counted, not stored as action rows."""
+        return self.intent_noop_actions + (self.result.noop_actions if self.result is not None else 0)
+
+
+class OutcomeRow(Base):
+    """What came of one decision's intent (migration 0003): written once the provider calls are
+    made, or when a pending intent is reconciled; written again if a retry adds calls (the last
+    outcome wins, no-op calls add up)."""
+
+    __tablename__ = "decision_outcomes"
+    __table_args__ = (
+        sa.CheckConstraint("outcome IN ('pending', 'applied', 'partial', 'failed', 'skipped', 'dry-run')", name="outcome"),
+    )
+
+    decision_id: Mapped[int] = mapped_column(sa.ForeignKey("decisions.id", ondelete="CASCADE"), primary_key=True,
+                                             autoincrement=False)
+    outcome: Mapped[str] = mapped_column(sa.String(16))
+    outcome_detail: Mapped[str | None] = mapped_column(sa.Text)
+    noop_actions: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
 
 
 class ActionRow(Base):

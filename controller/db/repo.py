@@ -50,6 +50,7 @@ from controller.db.models import (
     AuditRow,
     DecisionRow,
     JournalReplayRow,
+    OutcomeRow,
     OverrideRow,
     PolicyVersionRow,
     RollupRow,
@@ -380,13 +381,13 @@ class Repository:
                         at: datetime | None) -> None:
         ids = [i[0] for i in items]
         known = {r.id: r for r in s.execute(
-            sa.select(DecisionRow.id, DecisionRow.at, DecisionRow.noop_actions, DecisionRow.scale_from_replicas)
-            .where(DecisionRow.id.in_(ids)))}
+            sa.select(DecisionRow.id, DecisionRow.at, DecisionRow.scale_from_replicas).where(DecisionRow.id.in_(ids)))}
         missing = sorted(set(ids) - set(known))
         if missing:
             raise LookupError(f"no decision with id {', '.join(map(str, missing))}")
         action_rows: list[dict[str, Any]] = []
-        updates: list[dict[str, Any]] = []
+        results: list[dict[str, Any]] = []
+        steps: list[dict[str, Any]] = []
         for decision_id, actions, outcome, detail, applied in items:
             row = known[decision_id]
             noops = 0
@@ -398,18 +399,23 @@ class Repository:
                     decision_id=decision_id, at=row.at if at is None else at, provider=a.provider,
                     call=a.call, pool=a.pool, model=a.model, arguments=codec.to_jsonable(a.arguments),
                     status=a.status.value, error=a.error, latency_ms=a.latency_ms))
-            update: dict[str, Any] = {"id": decision_id, "outcome": outcome, "outcome_detail": detail,
-                                      "noop_actions": row.noop_actions + noops}
+            results.append({"decision_id": decision_id, "outcome": outcome, "outcome_detail": detail,
+                            "noop_actions": noops})
             if applied is not None and row.scale_from_replicas is not None:
                 moved = applied != row.scale_from_replicas
-                update.update(scale_to_replicas=applied if moved else None,
-                              scale_from_replicas=row.scale_from_replicas if moved else None)
-            updates.append(update)
+                steps.append({"id": decision_id, "scale_to_replicas": applied if moved else None,
+                              "scale_from_replicas": row.scale_from_replicas if moved else None})
         if action_rows:
             s.execute(sa.insert(ActionRow), action_rows)
-        # one UPDATE per distinct set of columns (executemany by primary key)
-        for keys in {tuple(sorted(u)) for u in updates}:
-            s.execute(sa.update(DecisionRow), [u for u in updates if tuple(sorted(u)) == keys])
+        # the outcomes: inserted (the decision row is not rewritten), or, for a decision given one
+        # before (a retry's calls), replaced with the no-op calls added up
+        table = cast(sa.Table, OutcomeRow.__table__)
+        upsert = (postgresql.insert if s.get_bind().dialect.name == "postgresql" else sqlite.insert)(table)
+        s.execute(upsert.on_conflict_do_update(index_elements=[table.c.decision_id], set_={
+            "outcome": upsert.excluded.outcome, "outcome_detail": upsert.excluded.outcome_detail,
+            "noop_actions": table.c.noop_actions + upsert.excluded.noop_actions}), results)
+        if steps:  # reconciliation's scale steps (rare: after a restart or a refused outcome)
+            s.execute(sa.update(DecisionRow), steps)
 
     def replay_journal(self, journal_id: str, entries: Sequence[Mapping[str, Any]], now: datetime) -> int:
         """Write a local journal's entries (``controller.db.journal``) in order, in one
@@ -748,6 +754,7 @@ class Repository:
             gone = {r.id for r in rows}
             self._rekey_dependents(s, rows, gone)
             s.execute(sa.delete(ActionRow).where(ActionRow.decision_id.in_(gone)))
+            s.execute(sa.delete(OutcomeRow).where(OutcomeRow.decision_id.in_(gone)))
             s.execute(sa.delete(DecisionRow).where(DecisionRow.id.in_(gone)))
         for model, chain in list(self._chains.items()):  # a deleted row cannot be a dictionary
             if chain.last_id in gone:

@@ -34,7 +34,8 @@ def upgrade() -> None:
     op.create_index("ix_decisions_model_id", "decisions", ["model", "id"], unique=False)
     if op.get_bind().dialect.name == "postgresql":
         # room in each page for some of the outcomes' updates right after the intents (a HOT
-        # update: no new index entries); see the note on DecisionRow's indexes for how many fit
+        # update: no new index entries). About a fifth fitted (1,560 of 7,000 updates over 8 ticks
+        # at 1,000 models, pg_stat_user_tables); migration 0003 gives outcomes a table of their own
         op.execute("ALTER TABLE decisions SET (fillfactor = 85)")
     op.add_column("decisions", sa.Column("noop_actions", sa.Integer(), server_default="0", nullable=False))
     op.add_column("decisions", sa.Column("payload", sa.LargeBinary(), nullable=True))

@@ -29,3 +29,13 @@ def test_control_plane_bench_prints_one_json_object_with_every_field() -> None:
     assert (single["models"], single["replicas"]) == (3, 1)
     assert (sharded["models"], sharded["replicas"]) == (30, 10)
     assert out["targets"] == {"tick_s": 0.5, "rss_mb": 200.0, "bytes_per_decision": 1024.0, "ready_s": 5.0}
+
+
+def test_record_tick_bench_writes_a_captured_tick_and_prints_its_cost() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "record_tick.py"), "--models", "3", "--repeat", "2",
+                           "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = json.loads(proc.stdout)["runs"]
+    # one decision a model, each written (and its outcome) twice into the fresh log
+    assert (run["models"], run["database"], run["decisions"], run["repeat"]) == (3, "sqlite", 3, 2)
+    assert run["record_decisions_cpu_s"] > 0 and run["record_outcomes_cpu_s"] >= 0 and run["wall_s"] > 0

@@ -452,7 +452,7 @@ def test_an_outcome_the_database_refused_is_reconciled_at_the_next_tick(kube: Ku
     try:
         assert tick(rt, clock, fleet, 4).ok
         with engine.begin() as conn:
-            conn.exec_driver_sql("CREATE TRIGGER refuse_outcomes BEFORE UPDATE OF outcome ON decisions "
+            conn.exec_driver_sql("CREATE TRIGGER refuse_outcomes BEFORE INSERT ON decision_outcomes "
                                  "BEGIN SELECT RAISE(ABORT, 'outcomes refused by the test'); END")
         refused = tick(rt, clock, fleet, 12)
         assert "outcomes refused by the test" in refused.errors["llama"], refused.errors
