@@ -65,6 +65,17 @@ from controller.core.reasons import Reason
 from controller.core.signals import pooled_signal_names
 from controller.core.spec import Behavior, Bounds, Budget, MissingData, OnMissing, PolicySpec
 from policies.base import PolicyContext, SLOTargets
+from controller.core.reasons import (  # plain strings: see controller.core.reasons
+    PLACED as _PLACED,
+    BUDGET_CAP_REACHED as _BUDGET_CAP_REACHED,
+    WITHIN_BUDGET as _WITHIN_BUDGET,
+    SCALED as _SCALED,
+    UNCHANGED as _UNCHANGED,
+    TOO_FEW_REPLICAS as _TOO_FEW_REPLICAS,
+    TOO_MANY_REPLICAS as _TOO_MANY_REPLICAS,
+    OVERRIDE_BOUNDS as _OVERRIDE_BOUNDS,
+    CAPACITY_EXHAUSTED as _CAPACITY_EXHAUSTED,
+)
 
 STAGES = ("recommend", "combine", "tolerance", "missing-data", "stabilize", "rate-limit", "bounds",
           "overrides", "lead-time", "placement", "budget", "outcome")
@@ -72,18 +83,6 @@ STAGES = ("recommend", "combine", "tolerance", "missing-data", "stabilize", "rat
 was observed has the single stage ``observe`` (``NotObservedYet``)."""
 
 _EMPTY_STATE: Mapping[str, Any] = {}
-
-# The reason codes every decision reads, as plain strings: an enum's ``.value`` is a Python-level
-# property call (the hot path reads a dozen a decision).
-_PLACED = Reason.PLACED.value
-_BUDGET_CAP_REACHED = Reason.BUDGET_CAP_REACHED.value
-_WITHIN_BUDGET = Reason.WITHIN_BUDGET.value
-_SCALED = Reason.SCALED.value
-_UNCHANGED = Reason.UNCHANGED.value
-_TOO_FEW_REPLICAS = Reason.TOO_FEW_REPLICAS.value
-_TOO_MANY_REPLICAS = Reason.TOO_MANY_REPLICAS.value
-_OVERRIDE_BOUNDS = Reason.OVERRIDE_BOUNDS.value
-_CAPACITY_EXHAUSTED = Reason.CAPACITY_EXHAUSTED.value
 
 
 class _Step(NamedTuple):

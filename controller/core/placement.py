@@ -61,6 +61,17 @@ from controller.core.model import ModelSpec, PoolSpec, PoolState, Tier
 from controller.core.pricing import pool_price, replica_price, whole_nodes
 from controller.core.reasons import Reason
 from controller.core.spec import Placement as PlacementSpec
+from controller.core.reasons import (  # plain strings: see controller.core.reasons
+    PLACED as _PLACED,
+    BUDGET_CAP_REACHED as _BUDGET_CAP_REACHED,
+    CAPACITY_EXHAUSTED as _CAPACITY_EXHAUSTED,
+    OVERRIDE_DRAIN as _OVERRIDE_DRAIN,
+    SPOT_INTERRUPTED as _SPOT_INTERRUPTED,
+    SPOT_POOL_UNAVAILABLE as _SPOT_POOL_UNAVAILABLE,
+    POOL_UNAVAILABLE as _POOL_UNAVAILABLE,
+    ON_DEMAND_FALLBACK as _ON_DEMAND_FALLBACK,
+    SPOT_HEDGE as _SPOT_HEDGE,
+)
 
 DEFAULT_PLACEMENT = PlacementSpec.model_validate({})
 """Used when no placement spec is given (built once: pydantic models are not built per call)."""
@@ -70,18 +81,6 @@ _EPS_USD = 1e-9
 
 _ONPREM, _SPOT, _ONDEMAND = 0, 1, 2  # Tier.rank of each tier
 """Looked up once per pool and call: enum properties are slow in hot loops."""
-
-# The reason codes placement reports, as plain strings: an enum's ``.value`` is a Python-level
-# property call (``_reason`` reads several every call).
-_PLACED = Reason.PLACED.value
-_BUDGET_CAP_REACHED = Reason.BUDGET_CAP_REACHED.value
-_CAPACITY_EXHAUSTED = Reason.CAPACITY_EXHAUSTED.value
-_OVERRIDE_DRAIN = Reason.OVERRIDE_DRAIN.value
-_SPOT_INTERRUPTED = Reason.SPOT_INTERRUPTED.value
-_SPOT_POOL_UNAVAILABLE = Reason.SPOT_POOL_UNAVAILABLE.value
-_POOL_UNAVAILABLE = Reason.POOL_UNAVAILABLE.value
-_ON_DEMAND_FALLBACK = Reason.ON_DEMAND_FALLBACK.value
-_SPOT_HEDGE = Reason.SPOT_HEDGE.value
 
 
 class _Pool:

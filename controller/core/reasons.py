@@ -70,3 +70,23 @@ class Reason(str, enum.Enum):
     # outcome
     SCALED = "Scaled"
     UNCHANGED = "Unchanged"
+
+
+# The codes the hot path reads, as plain strings (``controller.core.pipeline`` and ``placement``
+# import them): an enum member's ``.value`` is a Python-level property call, and a decision reads
+# a dozen.
+PLACED = Reason.PLACED.value
+BUDGET_CAP_REACHED = Reason.BUDGET_CAP_REACHED.value
+WITHIN_BUDGET = Reason.WITHIN_BUDGET.value
+SCALED = Reason.SCALED.value
+UNCHANGED = Reason.UNCHANGED.value
+TOO_FEW_REPLICAS = Reason.TOO_FEW_REPLICAS.value
+TOO_MANY_REPLICAS = Reason.TOO_MANY_REPLICAS.value
+OVERRIDE_BOUNDS = Reason.OVERRIDE_BOUNDS.value
+CAPACITY_EXHAUSTED = Reason.CAPACITY_EXHAUSTED.value
+OVERRIDE_DRAIN = Reason.OVERRIDE_DRAIN.value
+SPOT_INTERRUPTED = Reason.SPOT_INTERRUPTED.value
+SPOT_POOL_UNAVAILABLE = Reason.SPOT_POOL_UNAVAILABLE.value
+POOL_UNAVAILABLE = Reason.POOL_UNAVAILABLE.value
+ON_DEMAND_FALLBACK = Reason.ON_DEMAND_FALLBACK.value
+SPOT_HEDGE = Reason.SPOT_HEDGE.value
