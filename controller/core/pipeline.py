@@ -53,7 +53,6 @@ from controller.core.model import (
     PoolSpec,
     PoolState,
     Recommendation,
-    ReplicaCapacity,
     ScaleEvent,
     Stage,
 )
@@ -61,11 +60,8 @@ from controller.core.overrides import OverrideEffect, resolve
 from controller.core.placement import HEDGE_STATE_KEY, PlacementResult, hedge_spare, place, preferred_pool
 from controller.core.policy import EffectivePolicy
 from controller.core.pricing import hourly_cost_at_usd, placement_cost
-from controller.core.reasons import Reason
-from controller.core.signals import pooled_signal_names
-from controller.core.spec import Behavior, Bounds, Budget, MissingData, OnMissing, PolicySpec
-from policies.base import PolicyContext, SLOTargets
-from controller.core.reasons import (  # plain strings: see controller.core.reasons
+from controller.core.reasons import (  # the codes as plain strings: see controller.core.reasons
+    Reason,
     PLACED as _PLACED,
     BUDGET_CAP_REACHED as _BUDGET_CAP_REACHED,
     WITHIN_BUDGET as _WITHIN_BUDGET,
@@ -76,6 +72,9 @@ from controller.core.reasons import (  # plain strings: see controller.core.reas
     OVERRIDE_BOUNDS as _OVERRIDE_BOUNDS,
     CAPACITY_EXHAUSTED as _CAPACITY_EXHAUSTED,
 )
+from controller.core.signals import pooled_signal_names
+from controller.core.spec import Behavior, Bounds, Budget, MissingData, OnMissing, PolicySpec
+from policies.base import PolicyContext, SLOTargets
 
 STAGES = ("recommend", "combine", "tolerance", "missing-data", "stabilize", "rate-limit", "bounds",
           "overrides", "lead-time", "placement", "budget", "outcome")

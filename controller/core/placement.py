@@ -59,9 +59,8 @@ from typing import Collection, Mapping, NamedTuple
 
 from controller.core.model import ModelSpec, PoolSpec, PoolState, Tier
 from controller.core.pricing import pool_price, replica_price, whole_nodes
-from controller.core.reasons import Reason
-from controller.core.spec import Placement as PlacementSpec
-from controller.core.reasons import (  # plain strings: see controller.core.reasons
+from controller.core.reasons import (  # the codes as plain strings: see controller.core.reasons
+    Reason,
     PLACED as _PLACED,
     BUDGET_CAP_REACHED as _BUDGET_CAP_REACHED,
     CAPACITY_EXHAUSTED as _CAPACITY_EXHAUSTED,
@@ -72,6 +71,7 @@ from controller.core.reasons import (  # plain strings: see controller.core.reas
     ON_DEMAND_FALLBACK as _ON_DEMAND_FALLBACK,
     SPOT_HEDGE as _SPOT_HEDGE,
 )
+from controller.core.spec import Placement as PlacementSpec
 
 DEFAULT_PLACEMENT = PlacementSpec.model_validate({})
 """Used when no placement spec is given (built once: pydantic models are not built per call)."""
