@@ -64,9 +64,9 @@ class ModelFamily:
         self._children: dict[str, dict[tuple[str, ...], _Child]] = {}
         """Per model: its children by label values, created once by ``labels()``; a child is
         exposed once set or incremented (``present``)."""
-        self._text: dict[str, str] = {}
+        self._text: dict[str, bytes] = {}
+        """Per model: its exposed series as text, rebuilt when one of them changed (``_dirty``)."""
         self._dirty: set[str] = set()
-        self._rendered: bytes | None = None
 
     def labels(self, *values: str, **kw: str) -> _Child:
         key = tuple(values) if values else tuple(str(kw[n]) for n in self.labelnames)
@@ -82,7 +82,6 @@ class ModelFamily:
             child.present = True
             self._children.setdefault(model, {})[child._key] = child  # again after remove()
             self._dirty.add(model)
-            self._rendered = None
 
     def remove(self, *values: str) -> None:
         """Stop exposing one series (``KeyError`` when it is not exposed, as ``prometheus_client``)."""
@@ -93,7 +92,6 @@ class ModelFamily:
                 raise KeyError(key)
             series.pop(key).present = False
             self._dirty.add(key[0])
-            self._rendered = None
 
     def forget(self, model: str) -> None:
         """Drop every series of ``model``."""
@@ -102,7 +100,6 @@ class ModelFamily:
                 child.present = False
             self._text.pop(model, None)
             self._dirty.discard(model)
-            self._rendered = None
 
     def models(self) -> set[str]:
         return {m for m, series in self._children.items() if any(c.present for c in series.values())}
@@ -110,28 +107,28 @@ class ModelFamily:
     def _exposed(self, model: str) -> Iterator[tuple[tuple[str, ...], _Child]]:
         return ((k, c) for k, c in self._children.get(model, {}).items() if c.present)
 
-    def _model_text(self, model: str) -> str:
+    def _model_text(self, model: str) -> bytes:
         lines = []
         for key, child in self._exposed(model):
             labels = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(self.labelnames, key))
             lines.append(f"{self.sample_name}{{{labels}}} {floatToGoString(child.value)}\n")
-        return "".join(lines)
+        return "".join(lines).encode()
 
     def render(self) -> bytes:
+        """The family's exposition text: the changed models' text rebuilt, then joined (not kept
+        whole: a second copy of every model's text, 2.9 MB at 1,000 models)."""
         with self._lock:
-            if self._rendered is None:
-                for model in self._dirty:
-                    text = self._model_text(model)
-                    if text:
-                        self._text[model] = text
-                    else:
-                        self._text.pop(model, None)
-                self._dirty.clear()
-                kind = "counter" if self.counter else "gauge"
-                head = (f"# HELP {self.sample_name} {self.documentation}\n"
-                        f"# TYPE {self.sample_name} {kind}\n")
-                self._rendered = (head + "".join(self._text.values())).encode()
-            return self._rendered
+            for model in self._dirty:
+                text = self._model_text(model)
+                if text:
+                    self._text[model] = text
+                else:
+                    self._text.pop(model, None)
+            self._dirty.clear()
+            kind = "counter" if self.counter else "gauge"
+            head = (f"# HELP {self.sample_name} {self.documentation}\n"
+                    f"# TYPE {self.sample_name} {kind}\n").encode()
+            return head + b"".join(self._text.values())
 
     def collect(self) -> Iterator[Metric]:
         """The family as ``prometheus_client`` metric objects (for ``registry.collect()``)."""

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import re
 import zlib
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import migrations
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 
 from controller.errors import SchemaNotCurrentError  # re-exported: raised here
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+# Alembic (with Mako, ~11 MB of resident memory) is imported only to migrate: a daemon restarting
+# on a database already at head reads the revision with one query and the scripts' own lines.
 
 __all__ = ["SchemaNotCurrentError", "alembic_config", "migration_lock", "upgrade", "downgrade", "current_revision", "head_revision", "check"]
 
@@ -32,6 +35,8 @@ def _script_location() -> str:
 
 def alembic_config(url: str) -> Config:
     """An Alembic config for ``url`` with the ``migrations`` package as script location."""
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", _script_location())
     cfg.set_main_option("path_separator", "os")
@@ -89,6 +94,10 @@ def upgrade(url: str | sa.engine.Engine, revision: str = "head") -> None:
     An engine may be given instead of a URL: the migration then runs on one of its connections,
     which is the only way to migrate an in-memory SQLite database a repository will use.
     """
+    if isinstance(url, str) and revision == "head" and current_revision(url) == head_revision():
+        return  # nothing to do, and nothing of Alembic loaded
+    from alembic import command
+
     if isinstance(url, str):
         with migration_lock(url):
             command.upgrade(alembic_config(url), revision)
@@ -101,11 +110,41 @@ def upgrade(url: str | sa.engine.Engine, revision: str = "head") -> None:
 
 def downgrade(url: str, revision: str) -> None:
     """Migrate down to ``revision`` (``"base"``: drop everything). Loses data; tests and rollbacks only."""
+    from alembic import command
+
     command.downgrade(alembic_config(url), revision)
+
+
+_ASSIGNED = re.compile(r"^(revision|down_revision)\s*(?::[^=]+)?=\s*(.+?)\s*$", re.M)
+_QUOTED = re.compile(r"""^(?:"([^"]*)"|'([^']*)')$""")
+
+
+def _scripts_head() -> str | None:
+    """The head read from the scripts' ``revision`` / ``down_revision`` lines; ``None`` when the
+    lines say anything but a single chain of plain strings (a merge, a branch, an expression):
+    then Alembic decides."""
+    down_of: dict[str, str | None] = {}
+    for path in Path(_script_location(), "versions").glob("*.py"):
+        found: dict[str, str | None] = {}
+        for name, value in _ASSIGNED.findall(path.read_text(encoding="utf-8")):
+            quoted = _QUOTED.match(value)
+            if name in found or (quoted is None and value != "None"):
+                return None
+            found[name] = None if quoted is None else (quoted.group(1) or quoted.group(2))
+        if not found.get("revision") or "down_revision" not in found:
+            return None
+        down_of[str(found["revision"])] = found["down_revision"]
+    heads = set(down_of) - set(down_of.values())
+    return heads.pop() if len(heads) == 1 else None
 
 
 def head_revision() -> str:
     """The newest revision of the scripts; raises if the scripts have several heads."""
+    head = _scripts_head()
+    if head is not None:
+        return head
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
     if head is None:
         raise SchemaNotCurrentError("no migration scripts found")
@@ -113,13 +152,19 @@ def head_revision() -> str:
 
 
 def current_revision(url: str) -> str | None:
-    """The revision the database at ``url`` is at; ``None`` for a database never migrated."""
+    """The revision the database at ``url`` is at; ``None`` for a database never migrated (the
+    row of Alembic's version table, read without loading Alembic)."""
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
+            if not sa.inspect(conn).has_table("alembic_version"):
+                return None
+            rows = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all()
     finally:
         engine.dispose()
+    if len(rows) > 1:
+        raise SchemaNotCurrentError(f"the database is at several revisions at once ({', '.join(sorted(rows))})")
+    return rows[0] if rows else None
 
 
 def check(url: str) -> None:

@@ -13,7 +13,7 @@ from controller.core.pricing import usd_per_million_tokens
 from controller.sim.nodes import P_READY
 from controller.sim.scrape import Scraping
 from controller.sim.state import EV_RECORD
-from controller.sim.stats import hist_quantile, percentile
+from controller.sim.stats import ZERO_HIST, hist_quantile, percentile
 
 
 @dataclass
@@ -47,8 +47,8 @@ class Reporting(Scraping):
         if self.mode == "fluid":
             tl["p99_e2e_s"].append(hist_quantile(self.rec_hist_e2e + self._fluid_hist(self.rec_w, 5), 0.99))
             tl["p99_ttft_s"].append(hist_quantile(self.rec_hist_ttft + self._fluid_hist(self.rec_w, 4), 0.99))
-            self.rec_hist_e2e[:] = 0
-            self.rec_hist_ttft[:] = 0
+            self.rec_hist_e2e = ZERO_HIST
+            self.rec_hist_ttft = ZERO_HIST
             self.rec_w = {}
         if now + self.record_s <= self.end_s:
             self._push(now + self.record_s, EV_RECORD)

@@ -17,7 +17,7 @@ from controller.sim.control import Observation
 from controller.sim.nodes import INF, N_GONE, P_PENDING, P_READY, P_STARTING, _Pool
 from controller.sim.serving import Serving
 from controller.sim.state import _NOT_SCRAPED, EV_SCRAPE
-from controller.sim.stats import HIST_BINS, hist_quantile, percentile
+from controller.sim.stats import ZERO_HIST, hist_quantile, percentile
 
 
 class Scraping(Serving):
@@ -83,7 +83,7 @@ class Scraping(Serving):
             s["p99_latency_ms"] = max(x[1] for x in p99s) * 1000.0 if p99s else None
             h_ttft = self.scrape_hist_ttft + self._fluid_hist(self.scrape_w, 4)
             s["p99_ttft_ms"] = hist_quantile(h_ttft, 0.99) * 1000.0 if h_ttft.sum() > 0 else None
-            self.scrape_hist_ttft = np.zeros(HIST_BINS)
+            self.scrape_hist_ttft = ZERO_HIST
             self.scrape_w = {}
         # counters -> rates over the window
         self.token_log.append((now, self.cum_out_tokens, self.cum_in_tokens))
@@ -107,8 +107,8 @@ class Scraping(Serving):
         """The pool's state as its provider reports it, and its Pending pods."""
         now = self.now
         w = self.opt.interruption_window_s
-        while pool.notices and pool.notices[0] < now - w:
-            pool.notices.popleft()
+        if pool.notices and pool.notices[0] < now - w:
+            del pool.notices[:bisect_left(pool.notices, now - w)]
         if pool.blocked and pool.spot is not None:
             cap = pool.spot.capacity_nodes(now)
             live = sum(1 for n in pool.nodes if n.state != N_GONE and not n.noticed)

@@ -14,7 +14,7 @@ from controller.sim.fleet import Fleet
 from controller.sim.nodes import INF, P_DRAINING, P_READY, _Pod
 from controller.sim.service import TAIL_U, TAIL_W, FluidReplicaModel, SteadyState
 from controller.sim.state import EV_FLUID, EV_REPLICA
-from controller.sim.stats import HIST_BINS, hist_index, hist_quantile
+from controller.sim.stats import HIST_BINS, hist_add, hist_index, hist_quantile
 
 
 class Serving(Fleet):
@@ -240,12 +240,13 @@ class Serving(Fleet):
                     self.scrape_w[key] = self.scrape_w.get(key, 0.0) + k
                 else:
                     _, att, att_t, att_p, h_t, h_e, h_p, _ = self._fluid_shapes(m, st, wait)
-                    self.fluid_hist_ttft += k * h_t
-                    self.fluid_hist_e2e += k * h_e
-                    self.fluid_hist_tpot += k * h_p
-                    self.rec_hist_ttft += k * h_t
-                    self.scrape_hist_ttft += k * h_t
-                    self.rec_hist_e2e += k * h_e
+                    kt, ke = k * h_t, k * h_e
+                    self.fluid_hist_ttft = hist_add(self.fluid_hist_ttft, kt)
+                    self.fluid_hist_e2e = hist_add(self.fluid_hist_e2e, ke)
+                    self.fluid_hist_tpot = hist_add(self.fluid_hist_tpot, k * h_p)
+                    self.rec_hist_ttft = hist_add(self.rec_hist_ttft, kt)
+                    self.scrape_hist_ttft = hist_add(self.scrape_hist_ttft, kt)
+                    self.rec_hist_e2e = hist_add(self.rec_hist_e2e, ke)
                 self.fluid_ok += k * att
                 self.fluid_ok_ttft += k * att_t
                 self.fluid_ok_tpot += k * att_p

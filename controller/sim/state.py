@@ -22,7 +22,7 @@ from controller.sim.control import Autoscaler
 from controller.sim.nodes import INF, _Pod, _Pool
 from controller.sim.service import FluidReplicaModel, RequestBook, SteadyState
 from controller.sim.setup import FluidEntry, SimSetup
-from controller.sim.stats import HIST_BINS
+from controller.sim.stats import ZERO_HIST
 from controller.sim.workload import RateSeries, RequestTrace
 
 # event kinds
@@ -109,9 +109,9 @@ class SimState:
         self.fluid_ok_ttft = 0.0
         self.fluid_ok_tpot = 0.0
         self.fluid_retried = 0.0
-        self.fluid_hist_ttft = np.zeros(HIST_BINS)
-        self.fluid_hist_e2e = np.zeros(HIST_BINS)
-        self.fluid_hist_tpot = np.zeros(HIST_BINS)
+        self.fluid_hist_ttft = ZERO_HIST
+        self.fluid_hist_e2e = ZERO_HIST
+        self.fluid_hist_tpot = ZERO_HIST
         self.fluid_cache: dict[tuple[str, int | None], FluidEntry] = setup._fluid_entries
         self.fluid_groups: dict[str, tuple[float, SteadyState]] = {}
         self.fluid_queue = 0.0
@@ -126,7 +126,7 @@ class SimState:
         self.fluid_log_sum = 0.0
         self.fluid_w: dict[tuple[str, int | None], float] = {}
         self.rec_w: dict[tuple[str, int | None], float] = {}
-        self.scrape_hist_ttft = np.zeros(HIST_BINS)
+        self.scrape_hist_ttft = ZERO_HIST
         self.scrape_w: dict[tuple[str, int | None], float] = {}
         """Fluid mode: the TTFT distribution served since the last scrape (the p99_ttft_ms signal)."""
         self.fluid_gpu: dict[str, tuple[FluidReplicaModel, float, float]] = {}
@@ -154,8 +154,8 @@ class SimState:
             self.tl[f"ready:{name}"] = []
             self.tl[f"nodes:{name}"] = []
         self.rec_arrivals = 0.0
-        self.rec_hist_ttft = np.zeros(HIST_BINS)
-        self.rec_hist_e2e = np.zeros(HIST_BINS)
+        self.rec_hist_ttft = ZERO_HIST
+        self.rec_hist_e2e = ZERO_HIST
         self.progress: Any = None
 
 

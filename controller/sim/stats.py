@@ -13,6 +13,20 @@ HIST_MID_S = np.sqrt(_HIST_EDGES[:-1] * _HIST_EDGES[1:])
 _LOG_LO = math.log10(HIST_LO_S)
 _BINS_PER_DECADE = HIST_BINS / (math.log10(HIST_HI_S) - _LOG_LO)
 
+ZERO_HIST = np.zeros(HIST_BINS)
+ZERO_HIST.flags.writeable = False
+"""The empty histogram, shared (read-only): a model's histograms start as it and are allocated by
+:func:`hist_add` when something is first added (2.5 KB each, six a model: 15 MB of a
+1,000-model world that mostly serves without queueing)."""
+
+
+def hist_add(h: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``h + x``: added in place into ``h``, or a new array when ``h`` is :data:`ZERO_HIST`."""
+    if h is ZERO_HIST:
+        return x.copy()
+    h += x
+    return h
+
 
 def percentile(values: np.ndarray, q: float) -> float:
     """``np.percentile(values, q)`` (its default linear method) for a non-empty 1-D float array

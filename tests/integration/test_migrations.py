@@ -59,6 +59,31 @@ def test_exactly_one_head() -> None:
     assert head_revision() == heads[0]
 
 
+def test_scripts_head_is_read_only_from_a_single_chain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head read from the scripts' lines is Alembic's, and anything but a plain chain (a
+    branch, a merge tuple) is left to Alembic."""
+    from controller.db import migrate
+
+    versions = tmp_path / "versions"
+    versions.mkdir()
+    monkeypatch.setattr(migrate, "_script_location", lambda: str(tmp_path))
+    (versions / "a.py").write_text('revision = "a"\ndown_revision = None\n')
+    (versions / "b.py").write_text("revision: str = 'b'\ndown_revision: str | None = 'a'\n")
+    assert migrate._scripts_head() == "b"
+    (versions / "c.py").write_text('revision = "c"\ndown_revision = "a"\n')  # a branch: two heads
+    assert migrate._scripts_head() is None
+    (versions / "c.py").write_text('revision = "c"\ndown_revision = ("a", "b")\n')  # a merge
+    assert migrate._scripts_head() is None
+
+
+def test_a_restart_on_a_database_at_head_does_not_load_alembic(db_url: str) -> None:
+    upgrade(db_url)
+    probe = ("import sys; from controller.db.migrate import upgrade, check; "
+             f"upgrade({db_url!r}); check({db_url!r}); print(sorted(m for m in sys.modules if m.split('.')[0] in ('alembic', 'mako')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 def test_version_scripts_never_import_the_orm_models() -> None:
     scripts = sorted(VERSIONS_DIR.glob("*.py"))
     assert scripts, "no version scripts found"
