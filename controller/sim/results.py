@@ -55,6 +55,8 @@ class Reporting(Scraping):
 
 
     def _finish(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        if not self.opt.run_stats:
+            raise RuntimeError("this run kept no latency statistics (EngineOptions.run_stats=False): no summary")
         slo = self.setup.slo
         s: dict[str, Any] = {"controller": self.ctrl.name, "mode": self.mode, "duration_s": self.end_s}
         tl = self.tl

@@ -175,6 +175,7 @@ class Serving(Fleet):
 
     def _fluid_step(self) -> None:
         step = self.opt.fluid_step_s
+        run_stats = self.opt.run_stats
         now = self.now
         lam = self._fluid_rate(now)
         n_arr = float(self.rng.poisson(lam * step)) if lam > 0 and now < self.end_s else 0.0
@@ -240,13 +241,15 @@ class Serving(Fleet):
                     self.scrape_w[key] = self.scrape_w.get(key, 0.0) + k
                 else:
                     _, att, att_t, att_p, h_t, h_e, h_p, _ = self._fluid_shapes(m, st, wait)
-                    kt, ke = k * h_t, k * h_e
-                    self.fluid_hist_ttft = hist_add(self.fluid_hist_ttft, kt)
-                    self.fluid_hist_e2e = hist_add(self.fluid_hist_e2e, ke)
-                    self.fluid_hist_tpot = hist_add(self.fluid_hist_tpot, k * h_p)
-                    self.rec_hist_ttft = hist_add(self.rec_hist_ttft, kt)
+                    kt = k * h_t
                     self.scrape_hist_ttft = hist_add(self.scrape_hist_ttft, kt)
-                    self.rec_hist_e2e = hist_add(self.rec_hist_e2e, ke)
+                    if run_stats:
+                        ke = k * h_e
+                        self.fluid_hist_ttft = hist_add(self.fluid_hist_ttft, kt)
+                        self.fluid_hist_e2e = hist_add(self.fluid_hist_e2e, ke)
+                        self.fluid_hist_tpot = hist_add(self.fluid_hist_tpot, k * h_p)
+                        self.rec_hist_ttft = hist_add(self.rec_hist_ttft, kt)
+                        self.rec_hist_e2e = hist_add(self.rec_hist_e2e, ke)
                 self.fluid_ok += k * att
                 self.fluid_ok_ttft += k * att_t
                 self.fluid_ok_tpot += k * att_p

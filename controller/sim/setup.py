@@ -45,6 +45,10 @@ class EngineOptions:
     fluid_step_s: float = 5.0
     record_points: int = 1500
     """Timeline resolution: about this many points over the run."""
+    run_stats: bool = True
+    """Keep the whole run's latency histograms (the summary's attainment and percentiles, the
+    timeline's p99s). ``False`` for the daemon's world, which is only observed through its scrapes:
+    five 2.5 KB histograms a model it would never read. A run without them has no summary."""
     onprem_cost: Literal["used", "always"] = "used"
     ca_scan_interval_s: float = 10.0
     """cluster-autoscaler --scan-interval default."""

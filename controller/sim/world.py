@@ -164,9 +164,11 @@ class Shared:
 
 
 def setup_for(cfg: DaemonConfig, model: ModelSpec, *, epoch: datetime,
-              horizon_s: float = DEFAULT_HORIZON_S, shared: Shared | None = None) -> SimSetup:
+              horizon_s: float = DEFAULT_HORIZON_S, shared: Shared | None = None,
+              run_stats: bool = True) -> SimSetup:
     """The ``SimSetup`` of one model of a simulated config (see the module's docstring); models
-    set up with one ``shared`` share its values."""
+    set up with one ``shared`` share its values. ``run_stats=False``: no run summary (the
+    world's, observed only through its scrapes; ``EngineOptions.run_stats``)."""
     s = _settings(cfg)
     shared = shared if shared is not None else Shared()
     pools = {n: cfg.pool_specs()[n] for n in model.pools}
@@ -183,7 +185,8 @@ def setup_for(cfg: DaemonConfig, model: ModelSpec, *, epoch: datetime,
     profiles, fluid, entries = shared.profiles_for(cfg, model)
     return SimSetup(model=model, pools=pools, profiles=profiles,
                     workload=load_series(cfg, model.name, horizon_s), slo=_DEFAULT_SLO, spot=spot, seed=s.seed,
-                    epoch=epoch, options=EngineOptions(mode="fluid", progress=False), duration_s=horizon_s,
+                    epoch=epoch, options=EngineOptions(mode="fluid", progress=False, run_stats=run_stats),
+                    duration_s=horizon_s,
                     grid=token_grid(cfg), spot_prices=prices, _fluid=fluid, _fluid_entries=entries)
 
 
@@ -213,7 +216,7 @@ class World:
         self.sims: dict[str, Simulation] = {}
         shared = Shared()
         for name, m in self.model_specs.items():
-            sim = Simulation(setup_for(cfg, m, epoch=epoch, horizon_s=horizon_s, shared=shared),
+            sim = Simulation(setup_for(cfg, m, epoch=epoch, horizon_s=horizon_s, shared=shared, run_stats=False),
                              DrivenFromOutside(cfg.loop.interval_s, initial_replicas(cfg, m)))
             sim.action_log = deque(maxlen=ACTION_LOG_PER_MODEL)
             sim.start()
