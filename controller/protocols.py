@@ -13,6 +13,7 @@ error (``raise ... from e``). A metric that cannot be read is not an error: it i
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
@@ -97,6 +98,18 @@ class PoolProvider(Protocol):
     def scale(self, model: ModelSpec, replicas: int, nodes: int, now: datetime) -> Sequence[Action]:
         """Make the pool hold ``replicas`` replicas of ``model`` on ``nodes`` nodes (the nodes the
         pool needs for all models it serves). Returns one ``Action`` per provider call made."""
+        ...
+
+
+@runtime_checkable
+class SharesReads(Protocol):
+    """A pool provider whose reads every model and pool can share within one tick (the Kubernetes
+    side: one LIST per namespace of Deployments and of pods, and one of nodes, for every model and
+    pool, where each would read its own). The ``Controller`` holds ``sharing_reads()`` open for
+    each tick, so nothing read serves a later one; outside it every call reads afresh. Optional."""
+
+    def sharing_reads(self) -> AbstractContextManager[object]:
+        """A block within which this provider's reads are shared (nested blocks share the outer)."""
         ...
 
 

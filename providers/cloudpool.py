@@ -22,6 +22,7 @@ provider; the actions made before the failure and the failed one ride along on t
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -70,6 +71,10 @@ class CloudPoolProvider:
         self.last_group_state: GroupState | None = None
 
     # -- observe ----------------------------------------------------------------------------------
+
+    def sharing_reads(self) -> AbstractContextManager[object]:
+        """The Kubernetes side's shared reads (``controller.protocols.SharesReads``)."""
+        return self.kube.sharing_reads()
 
     def state(self, model: ModelSpec, now: datetime) -> PoolState:
         if self.group is None:

@@ -30,12 +30,15 @@ A Deployment whose pod template does not pin the NodePool and the capacity type 
 or a required node affinity ``In`` that one value) could land on other capacity than its pool
 says: the pool is then unavailable, with the fix in the reason, until the Deployment is fixed.
 
-Reads only (get NodePools, list NodeClaims); nothing here writes to Karpenter's objects.
+Reads only (get NodePools, list NodeClaims); nothing here writes to Karpenter's objects. Within a
+tick each NodePool is read once and the NodeClaims by one LIST (selected here by NodePool), shared
+by every model and pool (``providers.kubernetes.ClusterSnapshot``).
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping, Sequence
@@ -259,17 +262,21 @@ class KarpenterPoolProvider:
     def _what(self, thing: str) -> str:
         return f"{thing} of Karpenter NodePool {self.node_pool!r} (pool {self.pool.name!r})"
 
+    def sharing_reads(self) -> AbstractContextManager[object]:
+        """The Kubernetes side's shared reads (``controller.protocols.SharesReads``): within a tick
+        the NodePool is read once and every NodeClaim by one LIST, for every model and pool."""
+        return self.kube.sharing_reads()
+
     def state(self, model: ModelSpec, now: datetime) -> PoolState:
-        cluster, version = self.kube.cluster, self.settings.api_version
+        snap, version = self.kube.cluster.snapshot(), self.settings.api_version
         problems: list[str] = []
         try:
-            node_pool: Mapping[str, Any] = cluster.get_cluster_object(GROUP, version, "nodepools", self.node_pool,
-                                                                      self._what("the NodePool"))
+            node_pool: Mapping[str, Any] = snap.cluster_object(GROUP, version, "nodepools", self.node_pool,
+                                                               self._what("the NodePool"))
         except PermanentProviderError as e:  # a missing NodePool (404) or no right to read it
             node_pool = {}
             problems.append(str(e))
-        claims = cluster.list_cluster_objects(GROUP, version, "nodeclaims", f"{NODEPOOL_LABEL}={self.node_pool}",
-                                              self._what("the NodeClaims"))
+        claims = snap.cluster_objects(GROUP, version, "nodeclaims", f"{NODEPOOL_LABEL}={self.node_pool}")
         obs = self.kube.observe(model, now, cloud_notices=interruption_notices(claims),
                                 instance_id_for=lambda provider_id: provider_id, idle_notices=False)
         self._note_failures(claims, now)

@@ -265,7 +265,14 @@ class KubeObjects:
 
     def _find_conflicts(self) -> dict[tuple[str, str], Refusal]:
         owners: dict[tuple[str, str], str] = {}
+        claims: dict[tuple[str, str], str] = {}
         for ns in self.namespaces:
+            deployments = self._call(f"Deployments in {ns}", partial(
+                self.apps.list_namespaced_deployment, ns, _request_timeout=self.timeout)).items
+            for d in deployments or []:
+                claim = ((d.metadata.annotations if d.metadata else None) or {}).get(CLAIM_ANNOTATION)
+                if claim is not None:
+                    claims[(ns, d.metadata.name)] = claim
             hpas = self._list(f"HorizontalPodAutoscalers in {ns}", partial(
                 self.autoscaling.list_namespaced_horizontal_pod_autoscaler, ns, _request_timeout=self.timeout))
             for h in hpas or []:
@@ -282,7 +289,8 @@ class KubeObjects:
         out: dict[tuple[str, str], Refusal] = {}
         for model, pools in self.deployments.items():
             for pool, ref in pools.items():
-                by = owners.get((ref.namespace, ref.name)) or self._other_claim(model, pool, ref)
+                by = owners.get((ref.namespace, ref.name)) or self._other_claim(
+                    model, pool, claims.get((ref.namespace, ref.name)))
                 if by is not None:
                     reason = ("HorizontalPodAutoscalerActive" if by.startswith(HPA) else
                               "ScaledObjectActive" if by.startswith(SCALED_OBJECT) else "ClaimedByAnotherPolicy")
@@ -292,11 +300,8 @@ class KubeObjects:
     def _claim(self, model: str) -> str:
         return f"{self.settings.claim_id}/{model}"
 
-    def _other_claim(self, model: str, pool: str, ref: DeploymentRef) -> str | None:
-        what = f"Deployment {ref.namespace}/{ref.name} of model {model!r} in pool {pool!r}"
-        dep = self._call(what, lambda: self.apps.read_namespaced_deployment(ref.name, ref.namespace,
-                                                                            _request_timeout=self.timeout))
-        claim = ((dep.metadata.annotations if dep.metadata else None) or {}).get(CLAIM_ANNOTATION)
+    def _other_claim(self, model: str, pool: str, claim: str | None) -> str | None:
+        """Who else claims the pool's Deployment, from its claim annotation (``None``: nobody)."""
         if claim is None or claim == self._claim(model):
             if claim is not None:
                 self._claimed.add((model, pool))

@@ -10,15 +10,23 @@ while, as Karpenter caches insufficient capacity); and nodes about to disappear,
 that the AWS node termination handler, GKE and the cloud controllers put on them, plus notices the
 cloud adapters hand in (SQS events, preempted instances), mapped to nodes by ``spec.providerID``.
 
-Safety: scaling is declarative and idempotent (read the scale, patch only on a difference, with
-the read ``resourceVersion`` so a concurrent writer causes a 409 instead of a lost update; a 409 is
-re-read and retried, never an error on its own). Errors are translated into the project's tree
-(``raise ... from e``): 409/429/5xx/network are transient, 404 on a configured Deployment is a
-permanent error naming the model and pool, so only that model stops.
+Reads per tick: the pools of one cluster share one ``ClusterSnapshot`` for the tick (the
+``Controller`` opens it: ``controller.protocols.SharesReads``): one LIST of Deployments and one of
+pods per namespace, one LIST of nodes, whatever the number of models and pools, each Deployment's
+and pool's label selector applied here. A fleet of N models in P pools in one namespace costs 3
+reads a tick, not 4 x N x P (a GET of each Deployment, a LIST of its pods, a LIST of the pool's
+nodes and a GET of its scale). Nothing read outlives its tick: outside one every call reads afresh.
 
-The API server filters lists by label selector; this module filters again on the client side with
-the same selector, so a server that ignores selectors (an emulator, an aggregated API) cannot make
-a pool count pods or nodes that are not its own.
+Safety: scaling is declarative and idempotent (patch only on a difference, with the
+``resourceVersion`` of the read compared against, so a concurrent writer causes a 409 instead of a
+lost update; a 409 is re-read and retried, never an error on its own). A node is released only
+after a fresh read of the pods and nodes, not the tick's. Errors are translated into the project's
+tree (``raise ... from e``): 409/429/5xx/network are transient; a configured Deployment that does
+not exist is a permanent error naming the model and pool, so only that model stops.
+
+The API server is not asked to filter: the lists are selected on the client side, so a server that
+ignores selectors (an emulator, an aggregated API) cannot make a pool count pods or nodes that are
+not its own.
 """
 
 from __future__ import annotations
@@ -26,10 +34,11 @@ from __future__ import annotations
 import os
 import re
 import time
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generic, Hashable, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 import urllib3
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -46,6 +55,8 @@ if TYPE_CHECKING:  # the client library is imported when a cluster is reached: t
     # and the config loader use them)
     from kubernetes import client as k8s
     from kubernetes.client.exceptions import ApiException
+
+T = TypeVar("T")
 
 PROVIDER = "kubernetes"
 CALL_SCALE = "patch_namespaced_deployment_scale"
@@ -387,7 +398,12 @@ def make_api_client(*, host: str | None = None, kubeconfig: str | None = None, c
 
 
 class KubernetesCluster:
-    """The calls tidegate makes to one API server, errors translated, reads retried."""
+    """The calls tidegate makes to one API server, errors translated, reads retried.
+
+    Reads go through a ``ClusterSnapshot`` (``snapshot()``): while ``sharing_reads()`` is open (the
+    ``Controller`` holds it open for each tick) every pool provider on this cluster shares one, so
+    a tick lists each namespace's Deployments and pods and the nodes once, whatever the number of
+    models and pools; outside it each caller gets a fresh one, so nothing read serves a later tick."""
 
     def __init__(self, api_client: k8s.ApiClient, settings: KubernetesSettings = KubernetesSettings(),
                  *, sleep: Callable[[float], None] = time.sleep) -> None:
@@ -398,6 +414,25 @@ class KubernetesCluster:
         self.core = k8s.CoreV1Api(api_client)
         self.settings = settings
         self._sleep = sleep
+        self.shared: ClusterSnapshot | None = None
+        """The snapshot every caller shares while ``sharing_reads()`` is open; ``None`` outside."""
+
+    @contextmanager
+    def sharing_reads(self) -> Iterator[ClusterSnapshot]:
+        """Share one snapshot among every caller until the block ends. A block opened inside
+        another shares the outer one, which alone ends it (the pools of one cluster each open one)."""
+        if self.shared is not None:
+            yield self.shared
+            return
+        self.shared = ClusterSnapshot(self)
+        try:
+            yield self.shared
+        finally:
+            self.shared = None
+
+    def snapshot(self) -> ClusterSnapshot:
+        """The shared snapshot while ``sharing_reads()`` is open, else a fresh one for one caller."""
+        return self.shared if self.shared is not None else ClusterSnapshot(self)
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
         from kubernetes.client.exceptions import ApiException
@@ -411,9 +446,11 @@ class KubernetesCluster:
         value, _ = retry_transient(lambda: self._call(what, fn), self.settings.retry, sleep=self._sleep)
         return value
 
-    def read_deployment(self, namespace: str, name: str, what: str) -> k8s.V1Deployment:
+    def list_deployments(self, namespace: str, what: str) -> list[k8s.V1Deployment]:
+        """Every Deployment of ``namespace`` (one LIST)."""
         t = self.settings.request_timeout_s
-        return self._read(what, lambda: self.apps.read_namespaced_deployment(name, namespace, _request_timeout=t))
+        return list(self._read(what, lambda: self.apps.list_namespaced_deployment(
+            namespace, _request_timeout=t)).items or [])
 
     def read_scale(self, namespace: str, name: str, what: str) -> k8s.V1Scale:
         t = self.settings.request_timeout_s
@@ -444,18 +481,15 @@ class KubernetesCluster:
             raise
         return True
 
-    def list_pods(self, namespace: str, selector: str, what: str) -> list[k8s.V1Pod]:
-        reqs = parse_selector(selector)
+    def list_pods(self, namespace: str, what: str) -> list[k8s.V1Pod]:
+        """Every pod of ``namespace`` (one LIST; ``ClusterSnapshot.pods`` selects)."""
         t = self.settings.request_timeout_s
-        pods = self._read(what, lambda: self.core.list_namespaced_pod(namespace, label_selector=selector or None,
-                                                                      _request_timeout=t))
-        return [p for p in pods.items or [] if selector_matches(p.metadata.labels if p.metadata else None, reqs)]
+        return list(self._read(what, lambda: self.core.list_namespaced_pod(namespace, _request_timeout=t)).items or [])
 
-    def list_nodes(self, selector: str, what: str) -> list[k8s.V1Node]:
-        reqs = parse_selector(selector)
+    def list_nodes(self, what: str) -> list[k8s.V1Node]:
+        """Every node (one LIST; ``ClusterSnapshot.nodes`` selects)."""
         t = self.settings.request_timeout_s
-        nodes = self._read(what, lambda: self.core.list_node(label_selector=selector or None, _request_timeout=t))
-        return [n for n in nodes.items or [] if selector_matches(n.metadata.labels if n.metadata else None, reqs)]
+        return list(self._read(what, lambda: self.core.list_node(_request_timeout=t)).items or [])
 
     def get_cluster_object(self, group: str, version: str, plural: str, name: str, what: str) -> dict[str, Any]:
         """One cluster-scoped custom object (e.g. a Karpenter NodePool), as a dict."""
@@ -465,16 +499,120 @@ class KubernetesCluster:
         return dict(self._read(what, lambda: api.get_cluster_custom_object(group, version, plural, name,
                                                                             _request_timeout=t)))
 
-    def list_cluster_objects(self, group: str, version: str, plural: str, selector: str, what: str) -> list[dict[str, Any]]:
-        """Cluster-scoped custom objects matching a label selector (filtered again here)."""
+    def list_cluster_objects(self, group: str, version: str, plural: str, what: str) -> list[dict[str, Any]]:
+        """Every cluster-scoped custom object of a kind (one LIST; ``ClusterSnapshot`` selects)."""
         from kubernetes import client as k8s
 
-        api, t, reqs = k8s.CustomObjectsApi(self.api_client), self.settings.request_timeout_s, parse_selector(selector)
-        body = self._read(what, lambda: api.list_cluster_custom_object(group, version, plural,
-                                                                       label_selector=selector or None, _request_timeout=t))
+        api, t = k8s.CustomObjectsApi(self.api_client), self.settings.request_timeout_s
+        body = self._read(what, lambda: api.list_cluster_custom_object(group, version, plural, _request_timeout=t))
         items = body.get("items") if isinstance(body, dict) else None
-        return [o for o in items or [] if isinstance(o, dict)
-                and selector_matches((o.get("metadata") or {}).get("labels"), reqs)]
+        return [o for o in items or [] if isinstance(o, dict)]
+
+
+class LabelIndex(Generic[T]):
+    """Objects listed once, indexed by each of their labels, so that selecting with a selector
+    that has an equality term (``app=llama``, ``pool in (a)``) looks only at the objects carrying
+    that label value: a tick that selects each of a thousand Deployments' pods out of one list of
+    the namespace stays linear in the pods, not in pods times Deployments."""
+
+    def __init__(self, items: Sequence[T], labels_of: Callable[[T], Mapping[str, str] | None]) -> None:
+        self.items = list(items)
+        self._labels_of = labels_of
+        self._by_label: dict[tuple[str, str], list[T]] = {}
+        for x in self.items:
+            for label in (labels_of(x) or {}).items():
+                self._by_label.setdefault(label, []).append(x)
+
+    def select(self, reqs: Sequence[Requirement]) -> list[T]:
+        """The objects ``reqs`` match, in the order listed (as ``selector_matches`` decides)."""
+        candidates = self.items
+        for r in reqs:
+            if r.op in ("=", "in") and len(r.values) == 1:
+                (value,) = r.values
+                found = self._by_label.get((r.key, value), [])
+                if len(found) < len(candidates):
+                    candidates = found
+        return [x for x in candidates if selector_matches(self._labels_of(x), reqs)]
+
+
+def _labels(obj: Any) -> Mapping[str, str] | None:
+    """A client model object's labels."""
+    return obj.metadata.labels if obj.metadata else None
+
+
+def _dict_labels(obj: Mapping[str, Any]) -> Mapping[str, str] | None:
+    """A custom object's (a dict's) labels."""
+    return (obj.get("metadata") or {}).get("labels")
+
+
+class ClusterSnapshot:
+    """The cluster as read once for every model and pool that asks while it lives: each
+    namespace's Deployments and pods and the nodes, each by one LIST on first use, selected here
+    by each Deployment's and pool's label selector (the API server is not asked to filter, so a
+    server that ignores selectors cannot make a pool count what is not its own); Karpenter's
+    NodePools and NodeClaims likewise. A read that failed is remembered as failed: the callers
+    after the first get its error at once, so an unreachable API server costs a tick one retry
+    budget per list, not one per model and pool.
+
+    ``once`` also keeps what a caller derives from the reads (a pool's ``NodeInfo`` list), so a
+    pool's nodes are interpreted once however many models ask."""
+
+    def __init__(self, cluster: KubernetesCluster) -> None:
+        self.cluster = cluster
+        self._memo: dict[Hashable, tuple[Any, ProviderError | None]] = {}
+
+    def once(self, key: Hashable, read: Callable[[], T]) -> T:
+        """``read()`` the first time ``key`` is asked for; later, its value or its error again
+        (a new exception each time: callers attach their actions to the one they get)."""
+        if key not in self._memo:
+            try:
+                self._memo[key] = (read(), None)
+            except ProviderError as e:
+                self._memo[key] = (None, e)
+        value, err = self._memo[key]
+        if err is not None:
+            raise type(err)(*err.args) from err.__cause__
+        return value  # type: ignore[no-any-return]
+
+    def deployment(self, namespace: str, name: str, what: str) -> k8s.V1Deployment:
+        """The Deployment ``namespace/name``; a permanent error naming ``what`` if the namespace
+        has none of that name."""
+        found: dict[str, k8s.V1Deployment] = self.once(("deployments", namespace), lambda: {
+            d.metadata.name: d for d in self.cluster.list_deployments(namespace, f"Deployments of namespace {namespace!r}")
+            if d.metadata and d.metadata.name})
+        dep = found.get(name)
+        if dep is None:
+            raise PermanentProviderError(f"{what} not found: namespace {namespace!r} has no Deployment {name!r} "
+                                         f"(it has {len(found)})")
+        return dep
+
+    def pods(self, namespace: str, selector: str) -> list[k8s.V1Pod]:
+        """The pods of ``namespace`` that ``selector`` matches."""
+        index: LabelIndex[k8s.V1Pod] = self.once(("pods", namespace), lambda: LabelIndex(
+            self.cluster.list_pods(namespace, f"pods of namespace {namespace!r}"), _labels))
+        return self.once(("pods", namespace, selector), lambda: index.select(parse_selector(selector)))
+
+    def nodes(self, selector: str) -> list[k8s.V1Node]:
+        """The nodes that ``selector`` matches (``""``: every node)."""
+        index: LabelIndex[k8s.V1Node] = self.once(("nodes",), lambda: LabelIndex(
+            self.cluster.list_nodes("nodes"), _labels))
+        return self.once(("nodes", selector), lambda: index.select(parse_selector(selector)))
+
+    def cluster_object(self, group: str, version: str, plural: str, name: str, what: str) -> dict[str, Any]:
+        """One cluster-scoped custom object by name (one GET per name)."""
+        return self.once(("object", group, version, plural, name),
+                         lambda: self.cluster.get_cluster_object(group, version, plural, name, what))
+
+    def cluster_objects(self, group: str, version: str, plural: str, selector: str) -> list[dict[str, Any]]:
+        """The cluster-scoped custom objects of a kind that ``selector`` matches."""
+        index: LabelIndex[dict[str, Any]] = self.once(("objects", group, version, plural), lambda: LabelIndex(
+            self.cluster.list_cluster_objects(group, version, plural, f"{plural}.{group}"), _dict_labels))
+        return self.once(("objects", group, version, plural, selector), lambda: index.select(parse_selector(selector)))
+
+
+def spec_replicas(dep: k8s.V1Deployment) -> int:
+    """A Deployment's ``spec.replicas`` (the API defaults an absent one to 1)."""
+    return dep.spec.replicas if dep.spec and dep.spec.replicas is not None else 1
 
 
 # --- observation -------------------------------------------------------------------------------
@@ -568,12 +706,22 @@ class KubernetesPoolProvider:
     def _what(self, model: str, ref: DeploymentRef) -> str:
         return f"Deployment {ref.namespace}/{ref.name} of model {model!r} in pool {self.pool.name!r}"
 
-    def pool_nodes(self, selector: str | None = None) -> list[NodeInfo]:
-        """The pool's nodes (``selector``: another label selector; ``""`` for every node)."""
-        s = self.settings
+    def sharing_reads(self) -> AbstractContextManager[ClusterSnapshot]:
+        """Share the cluster's reads among every model and every pool on it until the block ends
+        (``controller.protocols.SharesReads``: the ``Controller`` holds it open for a tick)."""
+        return self.cluster.sharing_reads()
+
+    def pool_nodes(self, selector: str | None = None, *, snapshot: ClusterSnapshot | None = None) -> list[NodeInfo]:
+        """The pool's nodes (``selector``: another label selector; ``""`` for every node), read
+        from ``snapshot`` (default: the cluster's, shared within a tick)."""
+        snap = snapshot or self.cluster.snapshot()
         sel = self.node_selector if selector is None else selector
+        return snap.once((self, "nodes", sel), lambda: self._node_infos(snap.nodes(sel)))
+
+    def _node_infos(self, nodes: Sequence[k8s.V1Node]) -> list[NodeInfo]:
+        s = self.settings
         out = []
-        for n in self.cluster.list_nodes(sel, f"nodes of pool {self.pool.name!r}"):
+        for n in nodes:
             if n.metadata is None or not n.metadata.name:
                 continue  # the API always names a node; nothing to act on without one
             out.append(NodeInfo(
@@ -583,12 +731,11 @@ class KubernetesPoolProvider:
                 notices=tuple(node_notices(n, s.interruption_taints, s.interruption_condition_types))))
         return out
 
-    def _selector(self, ref: DeploymentRef, what: str, dep: k8s.V1Deployment | None = None) -> str:
-        """The configured pod selector, else the Deployment's own (read if not given)."""
+    def _selector(self, ref: DeploymentRef, snapshot: ClusterSnapshot, what: str) -> str:
+        """The configured pod selector, else the Deployment's own."""
         if ref.label_selector:
             return ref.label_selector
-        if dep is None:
-            dep = self.cluster.read_deployment(ref.namespace, ref.name, what)
+        dep = snapshot.deployment(ref.namespace, ref.name, what)
         return selector_from_label_selector(dep.spec.selector if dep.spec else None)
 
     # -- observe ----------------------------------------------------------------------------------
@@ -602,17 +749,19 @@ class KubernetesPoolProvider:
         instance_id_for: Callable[[str], str | None] | None = None,
         idle_notices: bool = True,
     ) -> PoolObservation:
-        """Read the model's Deployment, its pods and the pool's nodes; update the unavailable mark
-        and the interruption counter. ``cloud_notices`` (by instance id) are mapped onto nodes
+        """Read the model's Deployment, its pods and the pool's nodes (from the cluster's snapshot:
+        within a tick, one list each for every model and pool); update the unavailable mark and
+        the interruption counter. ``cloud_notices`` (by instance id) are mapped onto nodes
         through ``instance_id_for(node.spec.providerID)``. ``idle_notices=False``: only notices on
         nodes holding this model's pods count as interruptions (a provider that also removes idle
         nodes on its own, as Karpenter's consolidation does, is not interrupting anything)."""
         ref = self._ref(model.name)
         what = self._what(model.name, ref)
-        dep = self.cluster.read_deployment(ref.namespace, ref.name, what)
-        selector = self._selector(ref, what, dep)
-        pods = self.cluster.list_pods(ref.namespace, selector, f"pods of {what}")
-        nodes = self.pool_nodes()
+        snap = self.cluster.snapshot()
+        dep = snap.deployment(ref.namespace, ref.name, what)
+        selector = self._selector(ref, snap, what)
+        pods = snap.pods(ref.namespace, selector)
+        nodes = self.pool_nodes(snapshot=snap)
 
         # Cloud notices name instances; attach them to the nodes they back.
         by_instance: dict[str, NodeInfo] = {}
@@ -668,12 +817,11 @@ class KubernetesPoolProvider:
 
         self._count_notices(notices if idle_notices else tuple(n for n in notices if n.node in pods_by_node), now)
 
-        spec_r = dep.spec.replicas if dep.spec and dep.spec.replicas is not None else 1
         # The status once the controller has reconciled the Deployment (observedGeneration set).
         reconciled = dep.status if dep.status is not None and dep.status.observed_generation is not None else None
         obs = PoolObservation(
             model=model.name, pool=self.pool.name, at=now,
-            replicas=spec_r,
+            replicas=spec_replicas(dep),
             # The API omits zero-valued status fields; once the controller has reconciled the
             # Deployment an absent count means 0, before that: unknown.
             ready_replicas=(reconciled.ready_replicas or 0) if reconciled is not None else None,
@@ -714,18 +862,22 @@ class KubernetesPoolProvider:
         """Nodes that still hold a pod (running, pending on the node or terminating) of any of this
         pool's Deployments: a node group must not release them. (A pool's GPU nodes are expected to
         carry only tidegate's pods and DaemonSets, kept there by the pool's taints.) A Deployment
-        that cannot be read makes this raise: no node is released on a guess."""
+        that cannot be read makes this raise: no node is released on a guess. Read afresh, not
+        from the tick's snapshot: a release is re-validated against the cluster just before it."""
+        snap = ClusterSnapshot(self.cluster)
         busy: set[str] = set()
         for model, ref in self.deployments.items():
             what = self._what(model, ref)
-            for p in self.cluster.list_pods(ref.namespace, self._selector(ref, what), f"pods of {what}"):
+            for p in snap.pods(ref.namespace, self._selector(ref, snap, what)):
                 if p.spec and p.spec.node_name and not pod_terminal(p):
                     busy.add(p.spec.node_name)
         return busy
 
     def nodes_by_instance(self, instance_id_for: Callable[[str], str | None], now: datetime) -> dict[str, NodeInfo]:
+        """Every node of the cluster by the instance behind it, read afresh (as ``busy_nodes``):
+        a node that joined since the tick's read must not pass for an instance that never did."""
         out: dict[str, NodeInfo] = {}
-        for n in self.pool_nodes(""):
+        for n in self.pool_nodes("", snapshot=ClusterSnapshot(self.cluster)):
             iid = instance_id_for(n.provider_id) if n.provider_id else None
             if iid:
                 out[iid] = n
@@ -743,17 +895,24 @@ class KubernetesPoolProvider:
                 f"replicas must be >= 0, got {replicas} for {model.name}/{self.pool.name}"))
 
     def set_replicas(self, model: ModelSpec, replicas: int, log: ActionLog) -> None:
-        """Make the Deployment's ``spec.replicas`` equal ``replicas``: read the scale, patch only on
-        a difference (else a ``NOOP`` row), with the read resourceVersion. Conflicts and other
-        transient errors are re-read and retried with backoff; every patch made is a row."""
+        """Make the Deployment's ``spec.replicas`` equal ``replicas``: patch only on a difference
+        (else a ``NOOP`` row), always with the resourceVersion of the read it compared against, so
+        a concurrent writer causes a 409 instead of a lost update. Within a tick that read is the
+        tick's own (no call at all when it shows ``replicas`` already); outside one, and before
+        every retry (a 409 or another transient error, with backoff), the scale is read. Every
+        patch made is a row."""
         ref = self._ref(model.name)
         what = self._what(model.name, ref)
         self._prefer_noticed_pods(model, replicas, log)
+        seen = self._tick_scale(ref, what)
 
         def once() -> None:
-            scale = self.cluster.read_scale(ref.namespace, ref.name, what)
-            cur = scale.spec.replicas if scale.spec and scale.spec.replicas is not None else 0
-            rv = scale.metadata.resource_version if scale.metadata else None
+            nonlocal seen
+            if seen is None:
+                scale = self.cluster.read_scale(ref.namespace, ref.name, what)
+                seen = (scale.spec.replicas if scale.spec and scale.spec.replicas is not None else 0,
+                        scale.metadata.resource_version if scale.metadata else None)
+            (cur, rv), seen = seen, None  # a retry reads again
             args = {"namespace": ref.namespace, "deployment": ref.name, "replicas": replicas, "previous_replicas": cur}
             if cur == replicas:
                 log.note(CALL_SCALE, args, ActionStatus.NOOP, provider=PROVIDER)
@@ -766,6 +925,21 @@ class KubernetesPoolProvider:
         except ProviderError as e:
             # Failed patches are already rows; a read that failed is not a call we made to act.
             raise log.fail(e) from e.__cause__
+
+    def _tick_scale(self, ref: DeploymentRef, what: str) -> tuple[int, str | None] | None:
+        """``(replicas, resourceVersion)`` of the Deployment as this tick read it (the scale
+        subresource carries the Deployment's own resourceVersion, so a patch with it conflicts on
+        any change since); ``None`` outside a tick, or when the tick could not read it or the read
+        has no resourceVersion: then the scale is read, and nothing is patched on a guess."""
+        snap = self.cluster.shared
+        if snap is None:
+            return None
+        try:
+            dep = snap.deployment(ref.namespace, ref.name, what)
+        except ProviderError:
+            return None  # reading the scale says why, or succeeds
+        rv = dep.metadata.resource_version if dep.metadata else None
+        return (spec_replicas(dep), rv) if rv else None
 
     def _prefer_noticed_pods(self, model: ModelSpec, replicas: int, log: ActionLog) -> None:
         """Before scaling in, give the pods on nodes under an interruption notice the lowest
@@ -819,9 +993,9 @@ class ClusterAutoscalerProvider(PoolProviderKind):
 
 
 __all__ = [
-    "CALL_DELETION_COST", "ClusterAutoscalerProvider", "CALL_SCALE", "ConflictError", "DELETION_COST_ANNOTATION", "Deployment", "DeploymentRef", "INTERRUPTION_TAINTS", "KubernetesCluster",
-    "KubernetesPoolProvider", "KubernetesSettings", "OnPremProvider", "NodeInfo", "PROVIDER", "PoolObservation", "Requirement",
+    "CALL_DELETION_COST", "ClusterAutoscalerProvider", "ClusterSnapshot", "CALL_SCALE", "ConflictError", "DELETION_COST_ANNOTATION", "Deployment", "DeploymentRef", "INTERRUPTION_TAINTS", "KubernetesCluster",
+    "KubernetesPoolProvider", "KubernetesSettings", "LabelIndex", "OnPremProvider", "NodeInfo", "PROVIDER", "PoolObservation", "Requirement",
     "make_api_client", "node_allocatable_gpus", "node_notices", "node_ready", "node_schedulable",
     "parse_selector", "pod_terminal", "pod_unschedulable", "pod_unschedulable_since", "selector_from_label_selector",
-    "selector_from_labels", "selector_matches", "translate_api_error",
+    "selector_from_labels", "selector_matches", "spec_replicas", "translate_api_error",
 ]

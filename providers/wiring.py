@@ -69,24 +69,22 @@ def discover_triton_replicas(cluster: KubernetesCluster, cfg: "DaemonConfig",
                              triton: TritonSettings) -> Callable[[], dict[str, list["TritonReplica"]]]:
     """A callable (called every tick by ``TritonFallback``) returning each model's Triton endpoints:
     the static ones plus, with ``discover``, ``podIP:port`` of the Running pods of the model's
-    Deployment in each pool (the Deployment's own selector unless the config names one). A pool
-    whose pods cannot be listed contributes none this tick (the fallback reports ``Partial``)."""
+    Deployment in each pool (the Deployment's own selector unless the config names one), read from
+    ``cluster``'s snapshot: within a tick, the lists the pools read anyway. A pool whose pods
+    cannot be listed contributes none this tick (the fallback reports ``Partial``)."""
     from controller.protocols import ProviderError
     from providers.kubernetes import selector_from_label_selector
     from providers.triton import TritonReplica
 
-    selectors: dict[tuple[str, str], str] = {}
-
-    def selector(namespace: str, name: str, configured: str | None, what: str) -> str:
-        if configured:
-            return configured
-        key = (namespace, name)
-        if key not in selectors:
-            dep = cluster.read_deployment(namespace, name, what)
-            selectors[key] = selector_from_label_selector(dep.spec.selector if dep.spec else None)
-        return selectors[key]
-
     def replicas() -> dict[str, list[TritonReplica]]:
+        snap = cluster.snapshot()
+
+        def selector(namespace: str, name: str, configured: str | None, what: str) -> str:
+            if configured:
+                return configured
+            dep = snap.deployment(namespace, name, what)
+            return selector_from_label_selector(dep.spec.selector if dep.spec else None)
+
         out: dict[str, list[TritonReplica]] = {}
         for m in cfg.models:
             tm = triton.triton_models.get(m.name)
@@ -97,7 +95,7 @@ def discover_triton_replicas(cluster: KubernetesCluster, cfg: "DaemonConfig",
                     what = f"Deployment {ref.namespace}/{ref.name} of model {m.name!r} in pool {pool!r}"
                     try:
                         sel = selector(ref.namespace, ref.name, ref.label_selector, what)
-                        pods = cluster.list_pods(ref.namespace, sel, f"pods of {what}")
+                        pods = snap.pods(ref.namespace, sel)
                     except ProviderError as e:
                         logger.warning("triton discovery: cannot list pods of %s: %s", what, e)
                         continue
@@ -115,10 +113,13 @@ def discover_triton_replicas(cluster: KubernetesCluster, cfg: "DaemonConfig",
 @dataclass
 class RealPools:
     """What ``build_real_pools`` wires: a provider per pool, the price source over all of them,
-    the periodic jobs and each provider's named parts (``RealProviderSet.parts``)."""
+    the cluster they read, the periodic jobs and each provider's named parts
+    (``RealProviderSet.parts``)."""
 
     pools: dict[str, "PoolProvider"]
     prices: CombinedPrices
+    cluster: KubernetesCluster
+    """The one cluster every pool's Kubernetes side reads through (and shares a tick's reads of)."""
     jobs: list[Job] = field(default_factory=list)
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -181,7 +182,7 @@ the providers from consuming shared queues (``BuildContext.dry_run``); acting is
             prices[provider] = built.prices
         jobs += built.jobs
         parts[provider] = built.parts
-    return RealPools({pc.name: out[pc.name] for pc in config.pools}, CombinedPrices(prices), jobs, parts)
+    return RealPools({pc.name: out[pc.name] for pc in config.pools}, CombinedPrices(prices), cluster, jobs, parts)
 
 
 def build_real_providers(
@@ -225,7 +226,7 @@ def build_real_providers(
     if settings.triton is not None:
         from providers.triton import CombinedMetricsSource, TritonFallback
 
-        replicas = discover_triton_replicas(KubernetesCluster(api, settings.kubernetes), cfg, settings.triton)
+        replicas = discover_triton_replicas(real.cluster, cfg, settings.triton)
         fallback = TritonFallback(replicas, timeout_s=settings.triton.timeout_s,
                                   max_interval_s=settings.triton.max_interval_s)
         out_closers.append(fallback.close)

@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,6 @@ from kubernetes import client as k8s
 from pydantic import ValidationError
 
 from controller.config import DaemonConfig
-from controller.core.model import ModelSignals, ModelSpec, Sample
 from controller.daemon import TickReport
 from controller.runtime import Runtime, build_runtime
 from providers.aws import CALL_SET_DESIRED, CALL_TERMINATE, AwsSettings
@@ -64,6 +63,7 @@ from providers.leader import LeaderElectionSettings, build_elector, libpq_dsn
 from providers.real import RealSettings
 from providers.wiring import build_real_providers, discover_triton_replicas
 from tests.integration.gcp_server import GcpComputeServer
+from tests.integration.kube_fleet import ScriptedLoad
 from tests.integration.peers import (
     AWS_REGION, AwsPeer, KarpenterControllers, KubeControllers, KubePeer, KubeRequest, asg_instances, aws_env, create_asg,
     scaling_activities, spot_interruption_event, taint_node,
@@ -102,18 +102,6 @@ POLICY = textwrap.dedent("""\
 
 
 # --- the scripted load and the world -----------------------------------------------------------
-
-
-class ScriptedLoad:
-    """A ``MetricsSource`` reporting the queue depth the test sets (``None``: missing), fresh at
-    every observation."""
-
-    def __init__(self) -> None:
-        self.queue: float | None = None
-
-    def observe(self, models: Sequence[ModelSpec], now: datetime) -> Mapping[str, ModelSignals]:
-        q = Sample(self.queue, now) if self.queue is not None else Sample.missing("NoData: script has no load yet")
-        return {m.name: ModelSignals(model=m.name, at=now, queue_depth=q) for m in models}
 
 
 class Cluster:
@@ -294,13 +282,15 @@ class Tick:
         return next(s for s in self.record["trace"] if s["name"] == name)
 
 
-def daemon_permissions(requests: Sequence[KubeRequest], clusters: Sequence[Cluster]) -> set[Permission]:
-    """The permissions the daemon's own requests needed (the tests' requests carry their token)."""
+def daemon_permissions(requests: Sequence[KubeRequest], *, managed: Sequence[str],
+                       release: Sequence[str]) -> set[Permission]:
+    """The permissions the daemon's own requests needed (the tests' requests carry their token), in
+    the namespaces of its Deployments (``managed``) and its own (``release``)."""
     used = set()
     for r in requests:
         attrs = None if r.by_test else request_attributes(r.method, r.path, r.query)
         if attrs is not None:
-            scope = scope_of(attrs, managed=[c.ns for c in clusters], release=[c.home_ns for c in clusters])
+            scope = scope_of(attrs, managed=managed, release=release)
             used.add(Permission(scope, attrs.group, attrs.resource, attrs.verb))
     return used
 
@@ -333,8 +323,9 @@ def cluster_factory(aws: AwsPeer, gcp: GcpComputeServer, kube: KubePeer, tmp_pat
     for c in made:
         c.close()
     report = getattr(request.node, "rep_call", None)
-    check_daemon_permissions(daemon_permissions(kube.requests_since(mark), made), request.node.name,
-                             passed=report is not None and report.passed)
+    check_daemon_permissions(daemon_permissions(kube.requests_since(mark), managed=[c.ns for c in made],
+                                                release=[c.home_ns for c in made]),
+                             request.node.name, passed=report is not None and report.passed)
 
 
 def _steady_burst(c: Cluster, rt: Runtime) -> Tick:

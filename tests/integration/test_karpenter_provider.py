@@ -20,6 +20,7 @@ from controller.config import DaemonConfig
 from controller.core.model import ActionStatus, ModelSpec
 from controller.core.placement import place
 from controller.core.spec import Placement
+from controller.protocols import SharesReads
 from providers.karpenter import KarpenterPoolProvider
 from providers.kubernetes import CALL_SCALE, KubernetesPoolProvider, KubernetesSettings
 from providers.real import RealSettings
@@ -294,3 +295,30 @@ def test_a_lowered_nodepool_limit_stops_growth_but_keeps_the_nodes_already_there
     world.karpenter.consolidate(world.now)
     world.karpenter.settle()
     assert spot.state(world.model, world.later(30)).max_nodes == 2
+
+
+def test_within_a_tick_the_pools_share_one_read_of_each_kind_and_the_next_tick_reads_afresh(
+        world: KarpenterWorld) -> None:
+    """The pools of one cluster, as the daemon wires them, inside the block the ``Controller``
+    holds open for a tick: every NodeClaim by one LIST, each NodePool by one GET, the namespace's
+    Deployments and pods and the nodes by one LIST each, however many models and pools ask."""
+    spot = world.pools["spot"]
+    assert isinstance(spot, KarpenterPoolProvider)
+    assert all(isinstance(p, SharesReads) for p in world.pools.values())  # the Controller opens it for them
+    mark = world.kube.mark()
+    with spot.sharing_reads():
+        for _ in range(3):  # three models would ask as often
+            for p in world.pools.values():
+                p.state(world.model, world.now)
+    paths = sorted(r.path for r in world.daemon_requests(mark))
+    assert paths == sorted([
+        f"/apis/karpenter.sh/v1/nodepools/{world.np['spot']}", f"/apis/karpenter.sh/v1/nodepools/{world.np['od']}",
+        "/apis/karpenter.sh/v1/nodeclaims", f"/apis/apps/v1/namespaces/{world.ns}/deployments",
+        f"/api/v1/namespaces/{world.ns}/pods", "/api/v1/nodes"])
+
+    # Karpenter launches for the spot pool between two ticks: the next tick sees the claims
+    spot.scale(world.model, 2, 1, world.now)
+    world.ctl.reconcile(world.now)
+    world.karpenter.provision(world.now)
+    with spot.sharing_reads():
+        assert spot.state(world.model, world.later(30)).nodes == 1  # one claim, billed from its launch

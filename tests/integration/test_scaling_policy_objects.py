@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,8 @@ from providers.clock import ManualClock
 from providers.karpenter import CAPACITY_TYPE_LABEL, NODEPOOL_LABEL
 from providers.kubeobjects import CLAIM_ANNOTATION, DECISION_ANNOTATION, POLICY_ANNOTATION
 from tests.integration.peers import KarpenterControllers, KubeControllers, KubePeer
-from tests.integration.test_daemon_actuation import ScriptedLoad, check_daemon_permissions, daemon_permissions
+from tests.integration.kube_fleet import ScriptedLoad
+from tests.integration.test_daemon_actuation import check_daemon_permissions, daemon_permissions
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
 TICK_S = 30.0
@@ -195,12 +195,6 @@ def _metric(rt: Runtime, series: str) -> float:
     raise AssertionError(f"{series} is not exported")
 
 
-@dataclass
-class _Scope:
-    ns: str
-    home_ns: str
-
-
 @pytest.fixture
 def fleet(kube: KubePeer, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Fleet]:
     mark = kube.mark()
@@ -209,7 +203,7 @@ def fleet(kube: KubePeer, tmp_path: Path, request: pytest.FixtureRequest) -> Ite
     for rt in f.runtimes:
         rt.stop()
     report = getattr(request.node, "rep_call", None)
-    check_daemon_permissions(daemon_permissions(kube.requests_since(mark), [_Scope(f.ns, f.home_ns)]),  # type: ignore[list-item]
+    check_daemon_permissions(daemon_permissions(kube.requests_since(mark), managed=[f.ns], release=[f.home_ns]),
                              request.node.name, passed=report is not None and report.passed)
 
 

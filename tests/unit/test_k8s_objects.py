@@ -19,7 +19,7 @@ from controller.core.model import Tier, PoolSpec
 from controller.protocols import PermanentProviderError, TransientProviderError
 from providers.base import NoticeKind, RetryPolicy, UnavailableMarks, retry_transient, unavailable_reason
 from providers.kubernetes import (
-    ConflictError, node_allocatable_gpus, node_notices, node_ready, node_schedulable, parse_selector,
+    ConflictError, LabelIndex, node_allocatable_gpus, node_notices, node_ready, node_schedulable, parse_selector,
     pod_unschedulable, pod_unschedulable_since, selector_from_label_selector, selector_from_labels,
     selector_matches, translate_api_error,
 )
@@ -115,6 +115,16 @@ def _selectors(draw: st.DrawFn) -> k8s.V1LabelSelector:
 def test_string_form_of_any_structured_selector_agrees_with_the_structure(labels: dict[str, str],
                                                                           sel: k8s.V1LabelSelector) -> None:
     assert selector_matches(labels, selector_from_label_selector(sel)) is _structured(labels, sel)
+
+
+@settings(max_examples=300, deadline=None)
+@given(objects=st.lists(st.dictionaries(_keys, _vals, max_size=4), max_size=12), sel=_selectors())
+def test_a_label_index_selects_what_the_selector_matches_in_the_order_listed(objects: list[dict[str, str]],
+                                                                            sel: k8s.V1LabelSelector) -> None:
+    pods = [k8s.V1Pod(metadata=k8s.V1ObjectMeta(name=f"p{i}", labels=labels or None)) for i, labels in enumerate(objects)]
+    reqs = parse_selector(selector_from_label_selector(sel))
+    index = LabelIndex(pods, lambda p: p.metadata.labels)
+    assert index.select(reqs) == [p for p in pods if selector_matches(p.metadata.labels, reqs)]
 
 
 def test_selector_from_labels_round_trips() -> None:
