@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from controller.sim.baselines import BaselineSettings, expand_baselines, make_controller
 from controller.sim.engine import EngineOptions, RunResult, simulate
-from controller.sim.scenario import EXAMPLES, REPO_ROOT, ScenarioError, build_scenario, capacity_table, parse_start
+from controller.sim.scenario import EXAMPLES, ScenarioError, build_scenario, capacity_table, parse_start
 
 DEFAULT_FLEET = EXAMPLES / "fleet-llama3-70b.yaml"
 DEFAULT_POLICY = EXAMPLES / "policy-llama3-70b.yaml"

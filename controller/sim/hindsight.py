@@ -157,7 +157,6 @@ def plan_pools(setup: SimSetup, interval_s: float, n: int, min_replicas: int, ti
     """The pools as the program sees them, each replica counted at the rate at the SLO of one of
     ``pool_size`` replicas (:func:`capacity_curve`)."""
     model: ModelSpec = setup.model
-    t = np.arange(n) * interval_s
     out: list[PlanPool] = []
     left = min_replicas
     for spec in setup.model_pools():
