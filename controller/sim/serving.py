@@ -236,8 +236,9 @@ class Serving(Fleet):
                 k = cnt * share
                 if wait <= 0.0:
                     att, att_t, att_p = entry[1], entry[2], entry[3]
-                    fw[key] = fw.get(key, 0.0) + k
-                    rw[key] = rw.get(key, 0.0) + k
+                    if run_stats:
+                        fw[key] = fw.get(key, 0.0) + k
+                        rw[key] = rw.get(key, 0.0) + k
                     self.scrape_w[key] = self.scrape_w.get(key, 0.0) + k
                 else:
                     _, att, att_t, att_p, h_t, h_e, h_p, _ = self._fluid_shapes(m, st, wait)
