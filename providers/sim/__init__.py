@@ -100,7 +100,6 @@ class SimPoolProvider:
                 raise PermanentProviderError(
                     f"nodes ({nodes}) must be between 0 and pool {pool.name!r} max_nodes ({pool.max_nodes})")
             w.advance(now)
-            w.touched(model.name)
             sim = w.sims[model.name]
             shared = len(w.models_in(pool.name)) > 1  # models do not share nodes: each holds its own
             target = max(pool.nodes_for(model, replicas) if shared else nodes, pool.min_nodes)
@@ -126,9 +125,13 @@ class SimPoolProvider:
                     target == sim.pools[pool.name].want_nodes and replicas >= sim.pools[pool.name].desired)
                 steps = [node_group, deployment] if out else [deployment, node_group]
             done = []
-            for step in steps:
-                done.append(step())
-                self.actions.append(done[-1])
+            try:
+                for step in steps:
+                    done.append(step())
+                    self.actions.append(done[-1])
+            finally:
+                if any(a.status is not ActionStatus.NOOP for a in done):
+                    w.touched(model.name)  # settled and recomputed at the next read; a no-op changes nothing
             return done
 
     def _maybe_fail(self, model: str, call: str, args: Mapping[str, object]) -> None:
