@@ -466,6 +466,22 @@ def test_queue_latency_and_kv_cache_grow_above_capacity_and_recover_when_capacit
     assert v(later.input_tokens_per_s) == pytest.approx(12.0 * 1000, rel=0.1)
 
 
+def test_the_world_keeps_what_its_scrapes_need_and_no_run_statistics() -> None:
+    """The daemon's world is observed only through its scrapes: under a queueing load it reports
+    TTFT from the scrape's histogram but never allocates the run's (five 2.5 KB arrays a model),
+    and asking it for a run summary says so instead of reporting zeros."""
+    from controller.sim.stats import ZERO_HIST
+
+    sp, clock, specs = make_world(**constant_load(12.0))
+    seen = [sp.metrics.observe([specs["llama"]], clock.advance(30))["llama"] for _ in range(4)]
+    assert v(seen[-1].queue_depth) > 0 and v(seen[-1].p99_ttft_ms) > 0
+    sim = sp.world.sims["llama"]
+    run_hists = (sim.fluid_hist_ttft, sim.fluid_hist_e2e, sim.fluid_hist_tpot, sim.rec_hist_ttft, sim.rec_hist_e2e)
+    assert all(h is ZERO_HIST for h in run_hists) and not sim.fluid_w and not sim.rec_w
+    with pytest.raises(RuntimeError, match="run_stats"):
+        sim._finish()
+
+
 def test_more_ready_replicas_mean_lower_latency_and_utilization() -> None:
     results = []
     for replicas in (5, 7, 10):
