@@ -17,7 +17,7 @@ A tick, in order:
    the cost per million tokens is computed from pool states and prices when the source has none.
    Providers that can share their reads (``controller.protocols.SharesReads``) share them for the
    whole tick, act included, and no longer: Kubernetes lists each namespace once, not each model's
-   objects in each pool.
+   objects in each pool, and each cloud node group is read once (again after a write of its own).
    A provider that fails yields an unknown pool (``replicas=None``), which the core holds on.
 3. **Decide**: the decision function, once per model, with the recorder's overrides. One model's
    failure spares the others.

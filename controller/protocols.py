@@ -105,8 +105,10 @@ class PoolProvider(Protocol):
 class SharesReads(Protocol):
     """A pool provider whose reads every model and pool can share within one tick (the Kubernetes
     side: one LIST per namespace of Deployments and of pods, and one of nodes, for every model and
-    pool, where each would read its own). The ``Controller`` holds ``sharing_reads()`` open for
-    each tick, so nothing read serves a later one; outside it every call reads afresh. Optional."""
+    pool, where each would read its own; a cloud node group: one read for every model of its pool,
+    the Auto Scaling groups of a region in one call). The ``Controller`` holds ``sharing_reads()``
+    open for each tick, so nothing read serves a later one; outside it every call reads afresh.
+    Optional."""
 
     def sharing_reads(self) -> AbstractContextManager[object]:
         """A block within which this provider's reads are shared (nested blocks share the outer)."""

@@ -13,6 +13,9 @@ a plain lower desired capacity lets the group pick a busy victim). Around that:
   notices by instance id, which the Kubernetes side maps to nodes through ``providerID``;
 - prices: ``AwsSpotPrices`` caches ``describe_spot_price_history`` per pool, refreshed by a
   scheduler job, and falls back to the configured static price when no fresh live price exists;
+- reads: within a tick (``sharing_reads()``, held open by the ``Controller``) the groups of one
+  region are described in one call and each group's state serves every model of its pool
+  (``AwsGroupReads``); a write of ours to a group makes its next read fresh;
 - errors: throttling and 5xx are retried with exponential backoff and full jitter inside a time
   budget (botocore's own retries are switched off so that the budget is ours); everything is
   translated into the project's exception tree with the boto error chained.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping, Sequence
@@ -32,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from controller.core.model import PoolSpec, Tier
 from controller.errors import PermanentProviderError, ProviderError, TransientProviderError
 from providers.base import (
-    GroupInstance, GroupState, Notice, NoticeKind, RetryPolicy, retry_transient,
+    GroupInstance, GroupState, Notice, NoticeKind, RetryPolicy, SharedReads, retry_transient,
 )
 from providers.registry import BuildContext, PoolProviderKind, ProviderParts
 
@@ -308,33 +312,99 @@ def capacity_failure(activity: Mapping[str, Any]) -> str | None:
     return None
 
 
+ASG_NAMES_PER_DESCRIBE = 50
+"""Group names one DescribeAutoScalingGroups may carry (the API's limit at its default MaxRecords)."""
+
+
+class AwsGroupReads:
+    """The Auto Scaling groups of one account and region (one ``autoscaling`` client), read together.
+
+    DescribeAutoScalingGroups takes a list of names and has a low request rate limit of its own,
+    shared with everything else in the account that calls it (cluster-autoscaler, Karpenter,
+    consoles). While ``shared`` is open (``AwsNodeGroup.sharing_reads()``: the ``Controller`` holds
+    it open for a tick) the first group asked for brings every group registered here in one call per
+    ``ASG_NAMES_PER_DESCRIBE`` names, and each group's state is composed once for all the models
+    of its pool; outside it each ask reads its one group, as always."""
+
+    def __init__(self, autoscaling: Any, settings: AwsSettings = AwsSettings(),
+                 *, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.autoscaling = autoscaling
+        self.settings = settings
+        self._sleep = sleep
+        self.names: list[str] = []
+        """The groups read together (``AwsNodeGroup`` registers its own)."""
+        self.shared = SharedReads()
+
+    def register(self, name: str) -> None:
+        if name not in self.names:
+            self.names.append(name)
+
+    def group(self, name: str) -> Mapping[str, Any]:
+        """The group's DescribeAutoScalingGroups entry: within a block, from the block's one read of
+        every registered group; outside, read alone."""
+        if self.shared.open:
+            found = self.shared.once("groups", lambda: self._describe(self.names))
+        else:
+            found = self._describe([name])
+        g = found.get(name)
+        if g is None:
+            raise PermanentProviderError(f"Auto Scaling group {name!r} not found in this account and region")
+        return g
+
+    def _describe(self, names: Sequence[str]) -> dict[str, Mapping[str, Any]]:
+        out: dict[str, Mapping[str, Any]] = {}
+        for i in range(0, len(names), ASG_NAMES_PER_DESCRIBE):
+            chunk = list(names[i:i + ASG_NAMES_PER_DESCRIBE])
+            token: str | None = None
+            while True:
+                kwargs: dict[str, Any] = {"AutoScalingGroupNames": chunk, "MaxRecords": ASG_NAMES_PER_DESCRIBE}
+                if token:
+                    kwargs["NextToken"] = token
+                resp, _ = retry_transient(lambda: _call(
+                    f"DescribeAutoScalingGroups {' '.join(chunk)}",
+                    lambda: self.autoscaling.describe_auto_scaling_groups(**kwargs)), self.settings.retry, sleep=self._sleep)
+                for g in resp.get("AutoScalingGroups") or []:
+                    out[str(g.get("AutoScalingGroupName"))] = g
+                token = resp.get("NextToken")
+                if not token:
+                    break
+        return out
+
+
 class AwsNodeGroup:
-    """``NodeGroup`` over one Auto Scaling group."""
+    """``NodeGroup`` over one Auto Scaling group. ``reads``: the ``AwsGroupReads`` of its account
+    and region, shared with the other groups there (default: one of its own)."""
 
     provider = PROVIDER
     set_call = CALL_SET_DESIRED
     release_call = CALL_TERMINATE
 
     def __init__(self, name: str, autoscaling: Any, *, interruptions: AwsInterruptionQueue | None = None,
-                 settings: AwsSettings = AwsSettings(), sleep: Callable[[float], None] = time.sleep) -> None:
+                 settings: AwsSettings = AwsSettings(), sleep: Callable[[float], None] = time.sleep,
+                 reads: AwsGroupReads | None = None) -> None:
         self.name = name
         self.autoscaling = autoscaling
         self.interruptions = interruptions
         self.settings = settings
         self._sleep = sleep
+        self.reads = reads or AwsGroupReads(autoscaling, settings, sleep=sleep)
+        self.reads.register(name)
 
     def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
         value, _ = retry_transient(lambda: _call(what, fn), self.settings.retry, sleep=self._sleep)
         return value
 
+    def sharing_reads(self) -> AbstractContextManager[None]:
+        """Share this account and region's group reads until the block ends (``SharesReads``)."""
+        return self.reads.shared.sharing()
+
     def describe(self, now: datetime) -> GroupState:
-        what = f"Auto Scaling group {self.name!r}"
-        resp = self._retry(f"DescribeAutoScalingGroups {self.name}", lambda: self.autoscaling.describe_auto_scaling_groups(
-            AutoScalingGroupNames=[self.name]))
-        groups = resp.get("AutoScalingGroups") or []
-        if not groups:
-            raise PermanentProviderError(f"{what} not found in this account and region")
-        g = groups[0]
+        """The group as read once a tick (within ``sharing_reads()``; read again after a write of
+        ours), else as read now."""
+        return self.reads.shared.once(("state", self.name, now), lambda: self._state(now))
+
+    def _state(self, now: datetime) -> GroupState:
+        g = self.reads.group(self.name)
         instances = []
         for i in g.get("Instances") or []:
             state = str(i.get("LifecycleState", ""))
@@ -350,11 +420,19 @@ class AwsNodeGroup:
             max_size=int(g.get("MaxSize", 0)), instances=tuple(instances),
             capacity_error=error, capacity_error_at=error_at, notices=notices)
 
+    def _written(self) -> None:
+        """After a write (made or attempted) to this group: its size and instances are read again
+        (with the other groups', one call); its scaling activities are not (acting does not look
+        at them; the next tick reads them afresh)."""
+        mine = ("state", self.name)
+        self.reads.shared.forget(lambda key: key == "groups" or (isinstance(key, tuple) and key[:2] == mine))
+
     def _capacity_error(self, now: datetime) -> tuple[str | None, datetime | None]:
         """The newest launch activity decides: a failure for lack of capacity (within the
         lookback) is reported; a later successful launch means capacity came back."""
-        resp = self._retry(f"DescribeScalingActivities {self.name}", lambda: self.autoscaling.describe_scaling_activities(
-            AutoScalingGroupName=self.name, MaxRecords=20))
+        resp = self.reads.shared.once(("activities", self.name), lambda: self._retry(
+            f"DescribeScalingActivities {self.name}", lambda: self.autoscaling.describe_scaling_activities(
+                AutoScalingGroupName=self.name, MaxRecords=20)))
         acts = sorted(resp.get("Activities") or [],
                       key=lambda a: _aware(a.get("StartTime")) or datetime.min.replace(tzinfo=timezone.utc),
                       reverse=True)
@@ -373,12 +451,18 @@ class AwsNodeGroup:
         return None, None
 
     def set_target(self, nodes: int) -> None:
-        self._retry(f"SetDesiredCapacity {self.name}={nodes}", lambda: self.autoscaling.set_desired_capacity(
-            AutoScalingGroupName=self.name, DesiredCapacity=nodes, HonorCooldown=False))
+        try:
+            self._retry(f"SetDesiredCapacity {self.name}={nodes}", lambda: self.autoscaling.set_desired_capacity(
+                AutoScalingGroupName=self.name, DesiredCapacity=nodes, HonorCooldown=False))
+        finally:
+            self._written()
 
     def release(self, instance_ids: Sequence[str]) -> None:
-        for iid in instance_ids:
-            self._terminate(iid)
+        try:
+            for iid in instance_ids:
+                self._terminate(iid)
+        finally:
+            self._written()
 
     def _terminate(self, instance_id: str) -> None:
         self._retry(f"TerminateInstanceInAutoScalingGroup {instance_id} ({self.name})",
@@ -531,9 +615,16 @@ class AwsProvider(PoolProviderKind):
         if settings.interruption_queue_url and pools and not ctx.dry_run:
             region = _sqs_region(settings.interruption_queue_url, pools[0].aws.region)
             queue = AwsInterruptionQueue(client("sqs", region), settings.interruption_queue_url, settings)
+        reads: dict[str, AwsGroupReads] = {}  # per region: its groups are described together
+
+        def group_reads(region: str) -> AwsGroupReads:
+            if region not in reads:
+                reads[region] = AwsGroupReads(client("autoscaling", region), settings)
+            return reads[region]
+
         groups: dict[str, Any] = {
             pc.name: AwsNodeGroup(pc.aws.auto_scaling_group, client("autoscaling", pc.aws.region),
-                                  interruptions=queue, settings=settings)
+                                  interruptions=queue, settings=settings, reads=group_reads(pc.aws.region))
             for pc in pools}
         targets = {pc.name: SpotPriceTarget(pc.aws.region, pc.aws.instance_type, tuple(pc.aws.availability_zones))
                    for pc in pools if pc.tier is Tier.SPOT and pc.aws.instance_type}
@@ -544,7 +635,7 @@ class AwsProvider(PoolProviderKind):
 
 
 __all__ = [
-    "AwsInterruptionQueue", "AwsNodeGroup", "AwsPoolSettings", "AwsProvider", "AwsSettings", "AwsSpotPrices", "CALL_SET_DESIRED", "CALL_TERMINATE",
+    "ASG_NAMES_PER_DESCRIBE", "AwsGroupReads", "AwsInterruptionQueue", "AwsNodeGroup", "AwsPoolSettings", "AwsProvider", "AwsSettings", "AwsSpotPrices", "CALL_SET_DESIRED", "CALL_TERMINATE",
     "CAPACITY_MARKERS", "PROVIDER", "ParsedEvent", "SpotPriceTarget", "TRANSIENT_CODES", "boto_config",
     "capacity_failure", "instance_id_from_provider_id", "make_client", "parse_event", "translate_aws_error",
 ]

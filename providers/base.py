@@ -6,6 +6,7 @@ and never on each other (an import-linter ``independence`` contract keeps them s
 - ``ActionLog``: times one provider call and turns its outcome into an ``Action`` row;
 - ``UnavailableMarks``: the Karpenter-style insufficient-capacity cache (a pool that could not get
   capacity is skipped for a while, then tried again);
+- ``SharedReads``: cloud reads shared by every model and pool within a tick, and by nothing after it;
 - ``Notice`` and the ``NodeGroup`` protocol with its value types.
 
 ``providers.cloudpool`` composes the adapters; this module imports none of them.
@@ -16,9 +17,10 @@ from __future__ import annotations
 import enum
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import Any, Callable, Hashable, Iterator, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -178,6 +180,63 @@ def unavailable_reason(pool: PoolSpec, cause: str, message: str) -> str:
     return f"{code.value}: {cause}: {message}"
 
 
+# --- reads shared within a tick ----------------------------------------------------------------
+
+
+class SharedReads:
+    """What a node group's adapter read, shared by every caller while a block is open, and by no
+    caller after it.
+
+    A pool provider's ``sharing_reads()`` (``controller.protocols.SharesReads``; the ``Controller``
+    holds it open for each tick) opens a block here. Within it ``once(key, read)`` reads the first
+    time and answers every later caller with that value, or with that error (a new exception each
+    time: callers attach their actions to the one they get), so a tick reads each cloud resource
+    once whatever the number of models, and an API that cannot answer costs the tick one retry
+    budget, not one per model. ``forget`` drops what a write of our own has made stale, so the next
+    caller reads again. Outside a block ``once`` always reads: nothing read serves a later tick."""
+
+    def __init__(self) -> None:
+        self._memo: dict[Hashable, tuple[Any, ProviderError | None]] | None = None
+
+    @contextmanager
+    def sharing(self) -> Iterator[None]:
+        """Share reads until the block ends. A block opened inside another shares the outer one,
+        which alone ends it (the pools of one account and region each open one)."""
+        if self._memo is not None:
+            yield
+            return
+        self._memo = {}
+        try:
+            yield
+        finally:
+            self._memo = None
+
+    @property
+    def open(self) -> bool:
+        """Whether a block is open (reads are being shared)."""
+        return self._memo is not None
+
+    def once(self, key: Hashable, read: Callable[[], T]) -> T:
+        """``read()``, or within a block its first value or error for ``key`` again."""
+        if self._memo is None:
+            return read()
+        if key not in self._memo:
+            try:
+                self._memo[key] = (read(), None)
+            except ProviderError as e:
+                self._memo[key] = (None, e)
+        value, err = self._memo[key]
+        if err is not None:
+            raise type(err)(*err.args) from err.__cause__
+        return value  # type: ignore[no-any-return]
+
+    def forget(self, stale: Callable[[Hashable], bool]) -> None:
+        """Drop every key for which ``stale(key)`` holds (no-op outside a block)."""
+        if self._memo is not None:
+            for key in [k for k in self._memo if stale(k)]:
+                del self._memo[key]
+
+
 # --- notices and node groups -------------------------------------------------------------------
 
 
@@ -247,7 +306,13 @@ class GroupState:
 
 @runtime_checkable
 class NodeGroup(Protocol):
-    """The cloud half of a pool. Calls raise ``ProviderError`` subclasses only."""
+    """The cloud half of a pool. Calls raise ``ProviderError`` subclasses only.
+
+    A node group may also share its reads within a tick (``controller.protocols.SharesReads``,
+    optional, checked by attribute): ``CloudPoolProvider.sharing_reads()`` opens its block with the
+    Kubernetes side's. Within it ``describe`` must answer from the tick's read, except after the
+    group's own ``set_target`` or ``release``, after which it reads again: a later model's scale
+    in the same tick compares with what the write left, not with what preceded it."""
 
     provider: str
     """The provider's name (``aws``, ``gcp``...): the ``provider`` of its action rows."""

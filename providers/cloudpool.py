@@ -22,9 +22,9 @@ provider; the actions made before the failure and the failed one ride along on t
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager
+from contextlib import ExitStack, contextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -72,9 +72,17 @@ class CloudPoolProvider:
 
     # -- observe ----------------------------------------------------------------------------------
 
-    def sharing_reads(self) -> AbstractContextManager[object]:
-        """The Kubernetes side's shared reads (``controller.protocols.SharesReads``)."""
-        return self.kube.sharing_reads()
+    @contextmanager
+    def sharing_reads(self) -> Iterator[None]:
+        """The Kubernetes side's shared reads and, if it shares its own, the node group's
+        (``controller.protocols.SharesReads``): within a tick, one read of the group serves
+        ``state`` and ``scale`` for every model of the pool, until a write of the group's own."""
+        with ExitStack() as stack:
+            stack.enter_context(self.kube.sharing_reads())
+            share = getattr(self.group, "sharing_reads", None)  # optional (providers.base.NodeGroup)
+            if share is not None:
+                stack.enter_context(share())
+            yield
 
     def state(self, model: ModelSpec, now: datetime) -> PoolState:
         if self.group is None:
@@ -112,6 +120,9 @@ class CloudPoolProvider:
             raise log.fail(PermanentProviderError(
                 f"nodes ({nodes}) must be between 0 and pool {self.pool.name!r} max_nodes ({self.pool.max_nodes})"))
 
+        # Within a tick: the tick's read of the group (the one ``state`` made), or the read made
+        # after the group's last write, so a later model of the pool compares with what that
+        # write left. The release below re-reads the cluster's side before choosing instances.
         g = group.describe(now)
         self.last_group_state = g
         target, clamp_note = self._clamp(nodes, g)

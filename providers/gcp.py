@@ -9,6 +9,9 @@ recreated) and carries the last creation attempt's errors, where quota and zone 
 (``QUOTA_EXCEEDED``, ``ZONE_RESOURCE_POOL_EXHAUSTED``...): those are reported like AWS's
 insufficient capacity, so the pool is marked unavailable for a while.
 
+Within a tick (``sharing_reads()``, held open by the ``Controller``) a group is read once for every
+model of its pool, and again after a write of ours.
+
 The compute client has no spot price API, so spot list prices come from the config
 (``GcpSpotPrices``). Errors are translated into the project's tree with the library error chained:
 429, 5xx, rate-limit 403s and network trouble are transient; 404 (a misconfigured group), other
@@ -18,6 +21,7 @@ The compute client has no spot price API, so spot list prices come from the conf
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Callable, Literal, Mapping, Sequence
 
@@ -25,7 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.core.model import PoolSpec, Tier
 from controller.errors import PermanentProviderError, ProviderError, TransientProviderError
-from providers.base import GroupInstance, GroupState, Notice, NoticeKind, RetryPolicy, retry_transient
+from providers.base import (
+    GroupInstance, GroupState, Notice, NoticeKind, RetryPolicy, SharedReads, retry_transient,
+)
 from providers.registry import BuildContext, PoolProviderKind, ProviderParts
 
 PROVIDER = "gcp"
@@ -151,7 +157,9 @@ def _zone_of(url: str) -> str | None:
 
 class GcpNodeGroup:
     """``NodeGroup`` over one zonal (``zone=``) or regional (``region=``) managed instance group.
-    ``client`` is the matching ``InstanceGroupManagersClient`` / ``RegionInstanceGroupManagersClient``."""
+    ``client`` is the matching ``InstanceGroupManagersClient`` / ``RegionInstanceGroupManagersClient``.
+    Within ``sharing_reads()`` (a tick) the group is read once (its GET and its managed instances)
+    for every model of its pool, and again only after a write of ours."""
 
     provider = PROVIDER
     set_call = CALL_RESIZE
@@ -171,6 +179,7 @@ class GcpNodeGroup:
         self.settings = settings
         self._sleep = sleep
         self._urls: dict[str, str] = {}
+        self.shared = SharedReads()
 
     @property
     def _where(self) -> dict[str, str]:
@@ -194,7 +203,20 @@ class GcpNodeGroup:
         return {"project": self.project, "instance_group_manager": self.name, **self._where,
                 "retry": None, "timeout": self.settings.request_timeout_s}
 
+    def sharing_reads(self) -> AbstractContextManager[None]:
+        """Share this group's reads until the block ends (``SharesReads``)."""
+        return self.shared.sharing()
+
     def describe(self, now: datetime) -> GroupState:
+        """The group as read once a tick (within ``sharing_reads()``; read again after a write of
+        ours), else as read now."""
+        return self.shared.once(("state", now), lambda: self._state(now))
+
+    def _written(self) -> None:
+        """After a write (made or attempted): the next ``describe`` reads the group again."""
+        self.shared.forget(lambda key: True)
+
+    def _state(self, now: datetime) -> GroupState:
         mig = self._retry(self._label, lambda: self.client.get(**self._kw()))
         managed = self._retry(f"listManagedInstances of {self._label}",
                               lambda: list(self.client.list_managed_instances(**self._kw())))
@@ -237,10 +259,19 @@ class GcpNodeGroup:
 
     def set_target(self, nodes: int) -> None:
         what = f"resize of {self._label} to {nodes}"
-        op = self._retry(what, lambda: self.client.resize_unary(size=nodes, **self._kw()))
+        try:
+            op = self._retry(what, lambda: self.client.resize_unary(size=nodes, **self._kw()))
+        finally:
+            self._written()
         self._check_operation(op, what)
 
     def release(self, instance_ids: Sequence[str]) -> None:
+        try:
+            self._delete(instance_ids)
+        finally:
+            self._written()
+
+    def _delete(self, instance_ids: Sequence[str]) -> None:
         from google.cloud import compute_v1
 
         urls = [self._urls.get(n) or f"zones/{self.zone}/instances/{n}" for n in instance_ids]

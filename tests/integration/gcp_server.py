@@ -157,6 +157,11 @@ class GcpComputeServer:
         with self._lock:
             self._settle(mig)
 
+    def resize(self, mig: Mig, size: int) -> None:
+        """Someone else (an operator, another autoscaler) resizes the group, unrecorded."""
+        with self._lock:
+            self._resize(mig, size)
+
     def preempt(self, mig: Mig, name: str, status: str = "STOPPING") -> None:
         with self._lock:
             inst = mig.instances[name]

@@ -45,7 +45,8 @@ class ScriptedLoad:
         return {m.name: ModelSignals(model=m.name, at=now, queue_depth=q) for m in models}
 
 
-def _policy(model: str) -> str:
+def policy_yaml(model: str) -> str:
+    """A queue-depth policy holding `model` at one replica per waiting request, without delays."""
     return textwrap.dedent(f"""\
         apiVersion: tidegate/v1
         kind: ScalingPolicy
@@ -89,7 +90,7 @@ class KubeFleet:
         policies = tmp / f"policies-{tag}"
         policies.mkdir()
         for m in self.models:
-            (policies / f"{m}.yaml").write_text(_policy(m))
+            (policies / f"{m}.yaml").write_text(policy_yaml(m))
         ca = {"provider": "cluster-autoscaler", "gpu_type": "A100-80GB", "gpus_per_node": 4, "max_nodes": 2,
               "provisioning_delay_s": 120}
         self.raw: dict[str, Any] = {

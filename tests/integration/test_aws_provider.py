@@ -21,7 +21,8 @@ import pytest
 from controller.core.model import ActionStatus, Tier, PoolSpec
 from controller.protocols import PermanentProviderError, TransientProviderError
 from providers.aws import (
-    CALL_SET_DESIRED, CALL_TERMINATE, AwsInterruptionQueue, AwsNodeGroup, AwsSettings, AwsSpotPrices,
+    ASG_NAMES_PER_DESCRIBE, CALL_SET_DESIRED, CALL_TERMINATE, AwsGroupReads, AwsInterruptionQueue, AwsNodeGroup,
+    AwsSettings, AwsSpotPrices,
     SpotPriceTarget, capacity_failure, instance_id_from_provider_id, make_client, parse_event,
 )
 from providers.base import NoticeKind, RetryPolicy, actions_of
@@ -154,6 +155,31 @@ def test_describe_reads_the_groups_bounds_and_instances(aws: AwsPeer, kube: Kube
     with pytest.raises(PermanentProviderError, match="not found"):
         AwsNodeGroup("no-such-group", w.autoscaling, settings=w.settings).describe(T0)
     assert _actions(aws, mark) == ["DescribeAutoScalingGroups"]  # permanent: not retried
+
+
+def test_the_groups_of_a_region_are_described_together_within_a_block_and_alone_outside(aws: AwsPeer) -> None:
+    aws.reset()
+    s = AwsSettings(endpoint_url=aws.url, retry=FAST_RETRY)
+    autoscaling = make_client("autoscaling", AWS_REGION, s)
+    reads = AwsGroupReads(autoscaling, s)
+    tag = uuid.uuid4().hex[:6]
+    count = ASG_NAMES_PER_DESCRIBE + 1
+    for i in range(count):
+        create_asg(aws, f"g{i:02d}-{tag}", max_size=3, desired=i % 3)
+    groups = [AwsNodeGroup(f"g{i:02d}-{tag}", autoscaling, settings=s, reads=reads) for i in range(count)]
+
+    mark = aws.mark()
+    with groups[0].sharing_reads(), groups[1].sharing_reads():  # each pool opens it; the first ends it
+        assert [g.describe(T0).target for g in groups] == [i % 3 for i in range(count)]
+        assert [g.describe(T0).target for g in groups] == [i % 3 for i in range(count)]  # the block's read
+    described = [r for r in aws.requests_since(mark) if r.action == "DescribeAutoScalingGroups"]
+    assert [sum(k.startswith("AutoScalingGroupNames.") for k in r.params) for r in described] == [
+        ASG_NAMES_PER_DESCRIBE, 1]
+
+    mark = aws.mark()
+    assert groups[7].describe(T0).target == 1
+    (alone,) = [r for r in aws.requests_since(mark) if r.action == "DescribeAutoScalingGroups"]
+    assert [v for k, v in alone.params.items() if k.startswith("AutoScalingGroupNames.")] == [groups[7].name]
 
 
 def test_throttling_and_5xx_are_retried_with_backoff(aws: AwsPeer, kube: KubePeer) -> None:
