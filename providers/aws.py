@@ -136,6 +136,7 @@ def translate_aws_error(e: BaseException, what: str) -> ProviderError:
     """Throttling, 5xx, contention and network trouble are transient; everything else (validation,
     access denied, missing resources, no credentials) is permanent."""
     import botocore.exceptions
+    import botocore.parsers
 
     if isinstance(e, botocore.exceptions.ClientError):
         err = e.response.get("Error", {})
@@ -148,18 +149,21 @@ def translate_aws_error(e: BaseException, what: str) -> ProviderError:
     if isinstance(e, (botocore.exceptions.NoCredentialsError, botocore.exceptions.ParamValidationError,
                       botocore.exceptions.NoRegionError)):
         return PermanentProviderError(f"{what}: {type(e).__name__}: {e}")
-    if isinstance(e, (botocore.exceptions.BotoCoreError, OSError, TimeoutError)):
-        # connection refused / timeouts / unparseable answers (a proxy's HTML 502 page)
+    if isinstance(e, (botocore.exceptions.BotoCoreError, botocore.parsers.ResponseParserError, OSError, TimeoutError)):
+        # connection refused, timeouts, unparseable answers (a proxy's HTML 502 page: botocore's
+        # ResponseParserError, which is not a BotoCoreError)
         return TransientProviderError(f"{what}: {type(e).__name__}: {e}")
     return PermanentProviderError(f"{what}: unexpected {type(e).__name__}: {e}")
 
 
 def _call(what: str, fn: Callable[[], Any]) -> Any:
     import botocore.exceptions  # imported when called: the settings and the kind load without botocore
+    import botocore.parsers
 
     try:
         return fn()
-    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError, OSError) as e:
+    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError, botocore.parsers.ResponseParserError,
+            OSError) as e:
         raise translate_aws_error(e, what) from e
 
 

@@ -183,6 +183,32 @@ def unavailable_reason(pool: PoolSpec, cause: str, message: str) -> str:
 # --- reads shared within a tick ----------------------------------------------------------------
 
 
+class ReadMemo:
+    """Each key read once: later callers get its value, or its error again (a new exception each
+    time: callers attach their actions to the one they get). The Kubernetes ``ClusterSnapshot``
+    and the node groups' ``SharedReads`` keep a tick's reads in one."""
+
+    def __init__(self) -> None:
+        self._memo: dict[Hashable, tuple[Any, ProviderError | None]] = {}
+
+    def once(self, key: Hashable, read: Callable[[], T]) -> T:
+        """``read()`` the first time ``key`` is asked for; later, its value or its error again."""
+        if key not in self._memo:
+            try:
+                self._memo[key] = (read(), None)
+            except ProviderError as e:
+                self._memo[key] = (None, e)
+        value, err = self._memo[key]
+        if err is not None:
+            raise type(err)(*err.args) from err.__cause__
+        return value  # type: ignore[no-any-return]
+
+    def forget(self, stale: Callable[[Hashable], bool]) -> None:
+        """Drop every key for which ``stale(key)`` holds: the next caller reads again."""
+        for key in [k for k in self._memo if stale(k)]:
+            del self._memo[key]
+
+
 class SharedReads:
     """What a node group's adapter read, shared by every caller while a block is open, and by no
     caller after it.
@@ -196,7 +222,7 @@ class SharedReads:
     caller reads again. Outside a block ``once`` always reads: nothing read serves a later tick."""
 
     def __init__(self) -> None:
-        self._memo: dict[Hashable, tuple[Any, ProviderError | None]] | None = None
+        self._memo: ReadMemo | None = None
 
     @contextmanager
     def sharing(self) -> Iterator[None]:
@@ -205,7 +231,7 @@ class SharedReads:
         if self._memo is not None:
             yield
             return
-        self._memo = {}
+        self._memo = ReadMemo()
         try:
             yield
         finally:
@@ -218,23 +244,12 @@ class SharedReads:
 
     def once(self, key: Hashable, read: Callable[[], T]) -> T:
         """``read()``, or within a block its first value or error for ``key`` again."""
-        if self._memo is None:
-            return read()
-        if key not in self._memo:
-            try:
-                self._memo[key] = (read(), None)
-            except ProviderError as e:
-                self._memo[key] = (None, e)
-        value, err = self._memo[key]
-        if err is not None:
-            raise type(err)(*err.args) from err.__cause__
-        return value  # type: ignore[no-any-return]
+        return read() if self._memo is None else self._memo.once(key, read)
 
     def forget(self, stale: Callable[[Hashable], bool]) -> None:
         """Drop every key for which ``stale(key)`` holds (no-op outside a block)."""
         if self._memo is not None:
-            for key in [k for k in self._memo if stale(k)]:
-                del self._memo[key]
+            self._memo.forget(stale)
 
 
 # --- notices and node groups -------------------------------------------------------------------

@@ -38,7 +38,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Generic, Hashable, Iterator, Mapping, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 import urllib3
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from controller.core.model import Action, ActionStatus, ModelSpec, PoolSpec, PoolState, Tier
 from controller.errors import ConflictError, PermanentProviderError, ProviderError, TransientProviderError
 from providers.base import (
-    ActionLog, Notice, NoticeKind, RetryPolicy, UnavailableMarks, retry_transient, unavailable_reason,
+    ActionLog, Notice, NoticeKind, ReadMemo, RetryPolicy, UnavailableMarks, retry_transient, unavailable_reason,
 )
 from providers.registry import PoolProviderKind
 
@@ -545,7 +545,7 @@ def _dict_labels(obj: Mapping[str, Any]) -> Mapping[str, str] | None:
     return (obj.get("metadata") or {}).get("labels")
 
 
-class ClusterSnapshot:
+class ClusterSnapshot(ReadMemo):
     """The cluster as read once for every model and pool that asks while it lives: each
     namespace's Deployments and pods and the nodes, each by one LIST on first use, selected here
     by each Deployment's and pool's label selector (the API server is not asked to filter, so a
@@ -558,21 +558,8 @@ class ClusterSnapshot:
     pool's nodes are interpreted once however many models ask."""
 
     def __init__(self, cluster: KubernetesCluster) -> None:
+        super().__init__()
         self.cluster = cluster
-        self._memo: dict[Hashable, tuple[Any, ProviderError | None]] = {}
-
-    def once(self, key: Hashable, read: Callable[[], T]) -> T:
-        """``read()`` the first time ``key`` is asked for; later, its value or its error again
-        (a new exception each time: callers attach their actions to the one they get)."""
-        if key not in self._memo:
-            try:
-                self._memo[key] = (read(), None)
-            except ProviderError as e:
-                self._memo[key] = (None, e)
-        value, err = self._memo[key]
-        if err is not None:
-            raise type(err)(*err.args) from err.__cause__
-        return value  # type: ignore[no-any-return]
 
     def deployment(self, namespace: str, name: str, what: str) -> k8s.V1Deployment:
         """The Deployment ``namespace/name``; a permanent error naming ``what`` if the namespace

@@ -207,6 +207,20 @@ def test_throttling_beyond_the_budget_is_a_transient_error_with_the_client_error
     assert w.desired() == 0
 
 
+def test_an_answer_botocore_cannot_read_is_transient_and_retried(aws: AwsPeer, kube: KubePeer) -> None:
+    """A proxy's or load balancer's HTML page where XML was expected (botocore's
+    ``ResponseParserError``, which is not a ``BotoCoreError``) is trouble on the way, not a refusal:
+    retried, then a transient error, never an untranslated exception out of the provider."""
+    w = AwsWorld(aws, kube, desired=2)
+    page = (b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway"
+            b"</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n")  # nginx's page
+    aws.fault("DescribeAutoScalingGroups", 200, page, content_type="text/html")
+    assert w.node_group.describe(T0).target == 2  # the retry read it
+    aws.fault("DescribeAutoScalingGroups", 200, page, content_type="text/html", times=100)
+    with pytest.raises(TransientProviderError, match="ResponseParserError"):
+        w.node_group.describe(T0)
+
+
 def test_validation_errors_are_permanent_and_not_retried(aws: AwsPeer, kube: KubePeer) -> None:
     w = AwsWorld(aws, kube)
     aws.fault("SetDesiredCapacity", 400, query_error("ValidationError", "New SetDesiredCapacity value 9 is above max value 4"))
