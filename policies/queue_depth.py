@@ -76,7 +76,9 @@ class QueueDepth(PolicyKind):
                 message=f"{what} {value:g} at or below activation threshold "
                         f"{p.activation_threshold:g}: inactive, 0 replicas{note}",
             )
-        desired = ceil_replicas(value / p.target_per_replica)
+        # active: above a threshold >= 0, so a positive value, which needs a replica even where the
+        # division underflows to 0 (5e-324 / 10)
+        desired = max(1, ceil_replicas(value / p.target_per_replica))
         if desired > current:
             reason = above
         elif desired == current:

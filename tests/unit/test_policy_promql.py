@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -44,6 +44,7 @@ def test_desired_is_keda_ceil_of_value_over_target(value: float, target: float, 
 
 
 @given(value=st.floats(min_value=0, max_value=100), threshold=st.floats(min_value=0, max_value=100))
+@example(value=5e-324, threshold=0.0)  # active; the division underflows to 0: still one replica
 def test_at_or_below_activation_the_rule_is_inactive(value: float, threshold: float) -> None:
     rec = rule(activation_threshold=threshold).recommend(ctx(Sample(value, NOW)))
     assert (rec.replicas == 0) is (value <= threshold)
