@@ -15,19 +15,16 @@ calls are its reads.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from controller.config import DaemonConfig
 from controller.daemon import TickReport
-from controller.runtime import Runtime, build_runtime
 from providers.clock import ManualClock
 from tests.integration.gcp_server import GcpComputeServer, GcpRequest
-from tests.integration.kube_fleet import FAST_RETRY, T0, TICK_S, ScriptedLoad, policy_yaml
+from tests.integration.kube_fleet import FAST_RETRY, T0, TICK_S, ScriptedLoad, build_daemon, model_entry, policy_yaml
 from tests.integration.peers import AWS_REGION, AwsPeer, AwsRequest, KubeControllers, KubePeer, asg_instances, create_asg
 
 POOLS = ("aws-spot", "gcp-spot", "aws-od")
@@ -90,21 +87,10 @@ class CloudFleet:
                  "kubernetes": {"node_selector": self.labels["aws-od"]},
                  "aws": {"region": AWS_REGION, "auto_scaling_group": self.asg["aws-od"]}},
             ],
-            "models": [{"name": m, "tp_degree": 2, "quantization": "fp8", "gpu_types": ["A100-80GB"],
-                        "cold_start_s": 90,
-                        "capacity": {"A100-80GB": {"output_tokens_per_s": 1500, "requests_per_s": 3}},
-                        "deployments": {p: {"namespace": self.ns, "name": f"{m}-{p}"} for p in POOLS}}
+            "models": [model_entry(m, {p: {"namespace": self.ns, "name": f"{m}-{p}"} for p in POOLS})
                        for m in self.models],
         }
-        self.runtime = self._runtime()
-
-    def _runtime(self) -> Runtime:
-        """The daemon as ``tidegate run`` builds it, with the scripted load as its metrics source."""
-        cfg = DaemonConfig.model_validate(json.loads(json.dumps(self.raw)))
-        rt = build_runtime(cfg, clock=self.clock, environ={})
-        rt.daemon.metrics_source = self.load
-        rt.daemon.reload_policies()
-        return rt
+        self.runtime = build_daemon(self.raw, self.clock, self.load)
 
     def close(self) -> None:
         self.runtime.stop()

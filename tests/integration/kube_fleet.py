@@ -65,6 +65,21 @@ def policy_yaml(model: str) -> str:
         """)
 
 
+def model_entry(name: str, deployments: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+    """One model of the fleets' config: a 70B-class model on A100s, its Deployment per pool."""
+    return {"name": name, "tp_degree": 2, "quantization": "fp8", "gpu_types": ["A100-80GB"], "cold_start_s": 90,
+            "capacity": {"A100-80GB": {"output_tokens_per_s": 1500, "requests_per_s": 3}},
+            "deployments": {p: dict(ref) for p, ref in deployments.items()}}
+
+
+def build_daemon(raw: Mapping[str, Any], clock: ManualClock, load: ScriptedLoad) -> Runtime:
+    """The daemon as ``tidegate run`` builds it from ``raw``, with the scripted load as its metrics source."""
+    rt = build_runtime(DaemonConfig.model_validate(json.loads(json.dumps(raw))), clock=clock, environ={})
+    rt.daemon.metrics_source = load
+    rt.daemon.reload_policies()
+    return rt
+
+
 class KubeFleet:
     """``models`` x 3 pools over ``namespaces`` namespaces on ``kube``, and the daemon that runs it."""
 
@@ -110,21 +125,10 @@ class KubeFleet:
                 {"name": "ca-od", "tier": "ondemand", **ca, "price_per_node_hour_usd": 12.0,
                  "kubernetes": {"node_selector": self.labels["ca-od"]}},
             ],
-            "models": [{"name": m, "tp_degree": 2, "quantization": "fp8", "gpu_types": ["A100-80GB"],
-                        "cold_start_s": 90,
-                        "capacity": {"A100-80GB": {"output_tokens_per_s": 1500, "requests_per_s": 3}},
-                        "deployments": {p: {"namespace": self.namespace_of[m], "name": f"{m}-{p}"} for p in POOLS}}
+            "models": [model_entry(m, {p: {"namespace": self.namespace_of[m], "name": f"{m}-{p}"} for p in POOLS})
                        for m in self.models],
         }
-        self.runtime = self._runtime()
-
-    def _runtime(self) -> Runtime:
-        """The daemon as ``tidegate run`` builds it, with the scripted load as its metrics source."""
-        cfg = DaemonConfig.model_validate(json.loads(json.dumps(self.raw)))
-        rt = build_runtime(cfg, clock=self.clock, environ={})
-        rt.daemon.metrics_source = self.load
-        rt.daemon.reload_policies()
-        return rt
+        self.runtime = build_daemon(self.raw, self.clock, self.load)
 
     def close(self) -> None:
         self.runtime.stop()
