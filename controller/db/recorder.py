@@ -100,15 +100,14 @@ class RepositoryRecorder:
         (now or any more), False while the database still refuses it."""
         if self.journal is None or not self.journal.exists():
             return True
-        journal_id, entries = self.journal.entries()
-        try:
-            written = self.repo.replay_journal(journal_id or self.journal.path.name, entries, now)
+        journal_id = self.journal.journal_id() or self.journal.path.name
+        try:  # the entries are decoded only once the database answers: not at every tick of an outage
+            written = self.repo.replay_journal(journal_id, self.journal.entries(), now)
         except UNAVAILABLE as e:
             log(logger, logging.DEBUG, "journal not replayed yet: database unavailable", error=_words(e))
             return False
         self.journal.remove()
-        log(logger, logging.INFO, "journal replayed into the decision log", journal=journal_id, entries=len(entries),
-            decisions=written)
+        log(logger, logging.INFO, "journal replayed into the decision log", journal=journal_id, decisions=written)
         return True
 
 

@@ -343,6 +343,32 @@ def test_an_intent_left_in_the_journal_by_a_dead_daemon_is_replayed_then_reconci
         rt.stop()
 
 
+def test_a_journal_a_daemon_left_before_its_upgrade_is_replayed_by_the_new_one(kube: KubePeer, tmp_path: Path) -> None:
+    """A daemon of the previous journal format (one intent a line: ``journal_v1.jsonl``, written
+    by commit 0cb5a40's ``Journal`` for two ticks, 4 -> 12 with its outcome, then 12 -> 16 without:
+    it died after scaling) is replaced by this one during the outage: the new daemon replays the
+    old lines in order, once, and settles the intent left pending by what runs."""
+    journal = tmp_path / "intents.jsonl"
+    shutil.copy(Path(__file__).with_name("journal_v1.jsonl"), journal)
+    fleet = Fleet(kube, tmp_path, f"sqlite:///{tmp_path / 'tidegate.db'}", replicas=16, journal_path=str(journal))
+    rt, clock = manual_daemon(fleet)
+    try:
+        first = tick(rt, clock, fleet, 16)
+        assert first.ok, first.errors
+        assert not journal.exists()
+        repo = rt.daemon.repo
+        up, more, now = (repo.get_decision(d["id"]) or {} for d in decisions(repo))
+        assert [(d["at"], d["replicas"]) for d in (up, more)] == [
+            ((T0 - timedelta(seconds=10)).isoformat(), 12), ((T0 - timedelta(seconds=5)).isoformat(), 16)]
+        assert (up["outcome"], [a["arguments"] for a in up["actions"]]) == ("applied", [{"replicas": 12}])
+        assert (more["outcome"], more["outcome_detail"]) == ("applied", "reconciled at start: applied")
+        assert now["replicas"] == 16 and len(repo.list_journal_replays()) == 1
+        assert rt.daemon.controller.histories["llama"].scale_events[:2] == (
+            ScaleEvent(T0 - timedelta(seconds=10), 4, 12), ScaleEvent(T0 - timedelta(seconds=5), 12, 16))
+    finally:
+        rt.stop()
+
+
 # --- nowhere to record: the disk-full case -----------------------------------------------------
 
 
