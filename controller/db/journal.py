@@ -9,7 +9,8 @@ started it (``version``; readers go by each line's ``kind``). Every later line i
   decisions, all in one line, one ``fsync`` and one compressed block (zlib, base64) of the JSON
   list of ``{"decision": codec.decision_to_json(...), "signals": codec.signals_to_json(...)}``, each
   decision's history cut to what the log stores of it (this tick's point, scale step and rule
-  state). The decisions of one tick share most of their text (the same keys, pools,
+  state), plus ``"skipped": detail`` for a decision stored ``skipped`` at once though it actuates
+  (a shadow decision). The decisions of one tick share most of their text (the same keys, pools,
   policies and reason codes), so one block of them is several times smaller than each compressed
   on its own (``python bench/journal_size.py``). Their handles (the negative ids the tick uses
   until the database gives them real ones) are ``-N``, ``-N - 1``, ... in order.
@@ -101,7 +102,7 @@ class Journal:
 
     def entries(self) -> Iterator[dict[str, Any]]:
         """The entries in file order, one per intent (``kind: intent``, its ``handle``,
-        ``dry_run``, ``decision`` and ``signals`` as JSON) or outcome,
+        ``dry_run``, ``decision`` and ``signals`` as JSON, ``skipped`` where set) or outcome,
         whichever format the lines are in; decoded as they are read, one line at a time (a
         replay holds one tick's decisions, not the whole journal)."""
         for entry in self._lines():
@@ -137,13 +138,17 @@ class Journal:
                 low = min(low, int(entry["handle"]))
         return low
 
-    def append_intents(self, items: Sequence[tuple[Decision, ModelSignals]], dry_run: bool) -> list[int]:
-        """Journal a tick's intents as one line; returns their handles (negative ids). Raises
-        ``OSError`` when the journal cannot be written (disk full, read-only volume)."""
+    def append_intents(self, items: Sequence[tuple[Decision, ModelSignals]], dry_run: bool,
+                       skipped: Sequence[str | None] = ()) -> list[int]:
+        """Journal a tick's intents as one line; returns their handles (negative ids).
+        ``skipped``: per item, the outcome detail of one stored ``skipped`` at once though it
+        actuates (``Repository.record_decisions``). Raises ``OSError`` when the journal cannot be
+        written (disk full, read-only volume)."""
         if not items:
             return []
-        block = [{"decision": codec.decision_to_json(_this_tick(d)), "signals": codec.signals_to_json(sig)}
-                 for d, sig in items]
+        block = [{"decision": codec.decision_to_json(_this_tick(d)), "signals": codec.signals_to_json(sig),
+                  **({} if detail is None else {"skipped": detail})}
+                 for (d, sig), detail in zip(items, skipped or [None] * len(items), strict=True)]
         self._append([{"kind": "intents", "handle": self._next_handle, "n": len(block), "dry_run": dry_run,
                        "z": _pack(block)}])
         handles = list(range(self._next_handle, self._next_handle - len(items), -1))

@@ -207,11 +207,13 @@ class Repository:
     # --- decisions -----------------------------------------------------------------------------
 
     @staticmethod
-    def _decision_values(decision: Decision, signals: ModelSignals, dry_run: bool) -> dict[str, Any]:
+    def _decision_values(decision: Decision, signals: ModelSignals, dry_run: bool,
+                         skipped: str | None = None) -> dict[str, Any]:
         if signals.model != decision.model:
             raise ValueError(f"signals are for model {signals.model!r}, decision for {decision.model!r}")
         point, scale = _tick_delta(decision)
         rule_state = codec.to_jsonable(decision.history.rule_state)
+        settled = skipped if skipped is not None else None if decision.actuate else decision.reason
         return dict(
             model=decision.model,
             at=decision.at,
@@ -243,8 +245,8 @@ class Repository:
             rule_state={},
             # a decision that acts on nothing has its outcome now: one write, no update (on
             # PostgreSQL an update leaves a dead row version behind until vacuum)
-            outcome="pending" if decision.actuate else "skipped",
-            outcome_detail=None if decision.actuate else decision.reason,
+            outcome="skipped" if settled is not None else "pending",
+            outcome_detail=settled,
             noop_actions=0,
         )
 
@@ -254,10 +256,15 @@ class Repository:
         decision that does not actuate)."""
         return self.record_decisions([(decision, signals, dry_run)])[0]
 
-    def record_decisions(self, items: Sequence[tuple[Decision, ModelSignals, bool]]) -> list[int]:
+    def record_decisions(self, items: Sequence[tuple[Decision, ModelSignals, bool]],
+                         skipped: Sequence[str | None] = ()) -> list[int]:
         """Store a tick's decisions (each with its signals and dry-run flag), outcome ``pending``,
-        in one transaction (one bulk insert); returns their ids in the order given."""
-        rows = [self._decision_values(d, sig, dry_run) for d, sig, dry_run in items]
+        in one transaction (one bulk insert); returns their ids in the order given. A decision
+        that acts on nothing is stored ``skipped`` at once: one that does not actuate with its
+        reason as the detail, and one given a detail in ``skipped`` (per item; a shadow
+        decision, never acted on) with that detail."""
+        rows = [self._decision_values(d, sig, dry_run, detail)
+                for (d, sig, dry_run), detail in zip(items, skipped or [None] * len(items), strict=True)]
         if not rows:
             return []
         with self._lock, self._sessions.begin() as s:
@@ -455,7 +462,7 @@ class Repository:
         """Insert a batch of a journal's intents; ``chains``: the payload chains of the replay's
         transaction so far (updated; the repository keeps them once it is committed)."""
         rows = [self._decision_values(codec.decision_from_json(e["decision"]), codec.signals_from_json(e["signals"]),
-                                      bool(e["dry_run"])) for e in intents]
+                                      bool(e["dry_run"]), e.get("skipped")) for e in intents]
         saved = self._chains
         self._chains = {**saved, **chains}
         try:

@@ -18,9 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from controller.controller import SHADOW_DETAIL, Outcome
 from controller.core.model import Action, ActionStatus, Decision, ModelSignals
 from controller.db import codec
 from controller.db.journal import Journal
+from controller.db.recorder import RepositoryRecorder
+from controller.db.repo import Repository
 from tests.integration.test_db_repo import decision_for, signals_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +48,7 @@ def test_a_ticks_intents_are_one_line_read_back_in_order_after_the_previous_form
     journal = Journal(path)
     old_lines = len(lines(path))
     first, second = tick_items(3, T0), tick_items(2, T0 + timedelta(seconds=5))
-    assert journal.append_intents(first, dry_run=False) == [-3, -4, -5]
+    assert journal.append_intents(first, dry_run=False, skipped=[None, SHADOW_DETAIL, None]) == [-3, -4, -5]
     journal.append_outcomes([(-3, [Action("kubernetes", "scale", "onprem", "m0", {"replicas": 4}, ActionStatus.OK)],
                               "applied", None, None)])
     assert journal.append_intents(second, dry_run=True) == [-6, -7]
@@ -60,7 +63,32 @@ def test_a_ticks_intents_are_one_line_read_back_in_order_after_the_previous_form
     new = [e for e in entries[3:] if e["kind"] == "intent"]
     assert [codec.decision_from_json(e["decision"]) for e in new] == [d for d, _ in first + second]
     assert [codec.signals_from_json(e["signals"]) for e in new] == [s for _, s in first + second]
+    assert [e.get("skipped") for e in new] == [None, SHADOW_DETAIL, None, None, None]
     assert [e["dry_run"] for e in new] == [False] * 3 + [True] * 2
+
+
+def test_a_shadow_decision_journaled_while_the_database_is_away_is_replayed_skipped(
+        tmp_path: Path, migrated_db_url: str) -> None:
+    """The recorder journals a tick of two models, one in shadow mode, while the database refuses
+    them; only the acting model's outcome follows (the shadow's is in its intent). Replayed, the
+    shadow decision is ``skipped`` with ``SHADOW_DETAIL`` (the shadow report's), never pending."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    recorder = RepositoryRecorder(Repository("postgresql+psycopg://postgres@127.0.0.1:9/none?connect_timeout=1"),
+                                  journal)
+    recorded = recorder.intents(tick_items(2, T0), dry_run=False, shadow={"m0"})
+    assert recorded.journaled
+    shadow, acting = recorded.ids
+    recorder.outcomes([Outcome(shadow, [], "skipped", SHADOW_DETAIL), Outcome(acting, [], "applied")])
+    assert [(e["kind"], e.get("handle", e.get("decision_id"))) for e in journal.entries()] == [
+        ("intent", shadow), ("intent", acting), ("outcome", acting)]
+    recorder.repo = Repository(migrated_db_url)
+    try:
+        assert recorder.replay(T0) and not journal.exists()
+        rows = {r["model"]: r for r in recorder.repo.all_decisions()}
+        assert (rows["m0"]["outcome"], rows["m0"]["outcome_detail"]) == ("skipped", SHADOW_DETAIL)
+        assert rows["m1"]["outcome"] == "applied" and not recorder.repo.pending_decisions()
+    finally:
+        recorder.repo.close()
 
 
 def test_the_decisions_of_a_tick_are_compressed_together(tmp_path: Path) -> None:

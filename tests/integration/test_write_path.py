@@ -39,6 +39,7 @@ import sqlalchemy as sa
 import yaml
 
 from controller.config import DaemonConfig
+from controller.controller import SHADOW_DETAIL
 from controller.daemon import TickReport
 from controller.core.model import History, ScaleEvent
 from controller.db.journal import Journal
@@ -208,6 +209,74 @@ def test_kill_9_during_a_slow_scale_call_leaves_no_actuation_unrecorded(
     finally:
         if a.poll() is None:
             a.kill()
+        repo.close()
+
+
+@pytest.mark.postgres
+def test_a_shadow_daemon_killed_between_intent_and_outcome_leaves_nothing_to_reconcile(
+        kube: KubePeer, tmp_path: Path, pg_url: str) -> None:
+    """The daemon in shadow mode (``mode: shadow``) beside a Deployment that stays at 4 is killed
+    (kill -9) after the intent of its 4 -> 12, while the outcomes table takes no writes (the test
+    holds a lock on it: the moment between an intent and its outcome, made to last). A shadow
+    decision is never carried out, so its outcome is in its intent: the restarted daemon finds
+    nothing pending and does not judge the shadow's step by the pool that runs (as an acting
+    daemon's step, 4 -> 12 with 4 running would read "not applied" and lose its scale step), and
+    the shadow report of the killed daemon's time reads the same before and after the restart."""
+    from controller.shadow import report
+
+    fleet = Fleet(kube, tmp_path, pg_url, replicas=4)
+    fleet.raw["mode"] = "shadow"
+    fleet.config.write_text(yaml.safe_dump(fleet.raw))
+    cfg = DaemonConfig.model_validate(fleet.raw)
+    fleet.set_load(4)
+    upgrade(pg_url)
+    log = tmp_path / "daemon.log"
+    repo = Repository(pg_url)
+    engine = make_engine(pg_url)
+    mark = kube.mark()
+    a = fleet.start_daemon(log)
+
+    def shadow_report(since: datetime, until: datetime) -> dict[str, Any]:
+        return report(repo, models=cfg.model_specs(), pools=cfg.pool_specs(), p99_targets={"llama": None},
+                      since=since, until=until)
+
+    try:
+        wait_for("a first shadow decision", lambda: decisions(repo), proc=a, log=log)
+        with engine.connect() as lock:
+            lock.exec_driver_sql("LOCK TABLE decision_outcomes IN SHARE MODE")  # inserts wait; reads go on
+            fleet.set_load(12)
+            intent = wait_for("the intent of 4 -> 12", lambda: next(
+                (d for d in decisions(repo) if d["replicas"] == 12), None), proc=a, log=log)
+            a.send_signal(signal.SIGKILL)
+            a.wait(10)
+            lock.rollback()
+        killed = decisions(repo)
+        since = datetime.fromisoformat(killed[0]["at"])
+        until = datetime.fromisoformat(killed[-1]["at"]) + timedelta(seconds=1)
+        before = shadow_report(since, until)
+
+        b = fleet.start_daemon(log)
+        try:
+            wait_for("three decisions of the restarted daemon",
+                     lambda: len([d for d in decisions(repo) if d["id"] > killed[-1]["id"]]) >= 3, proc=b, log=log)
+        finally:
+            b.send_signal(signal.SIGKILL)
+            b.wait(10)
+
+        row = repo.get_decision(intent["id"]) or {}
+        assert (row["outcome"], row["outcome_detail"]) == ("skipped", SHADOW_DETAIL)
+        assert row["scale_event"] == {"at": row["at"], "from_replicas": 4, "to_replicas": 12}, "the shadow's own step"
+        assert {(d["outcome"], d["outcome_detail"]) for d in repo.all_decisions(model="llama")} == {
+            ("skipped", SHADOW_DETAIL)}
+        with engine.connect() as c:  # a shadow decision is one write: no outcome row after it
+            assert c.exec_driver_sql("SELECT count(*) FROM decision_outcomes").scalar() == 0
+        assert before and shadow_report(since, until) == before
+        assert fleet.replica_history() == [4]
+        assert not [r for r in kube.requests_since(mark) if r.is_write and not r.by_test], "a shadow never writes"
+    finally:
+        if a.poll() is None:
+            a.kill()
+        engine.dispose()
         repo.close()
 
 
