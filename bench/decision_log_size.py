@@ -92,23 +92,6 @@ def pg_database(server: str) -> Iterator[str]:
         engine.dispose()
 
 
-def journal_bytes(h: Any, path: Path, ticks: int = 60) -> int:
-    """Bytes a decision takes in the local journal (``controller.db.journal``), were the database
-    away: each of ``ticks`` more ticks' decisions appended as the recorder would."""
-    from controller.db.journal import Journal
-
-    journal, grown, n = Journal(path), 0, 0
-    c = h.daemon.controller
-    for _ in range(ticks):
-        h.run(h.config.loop.interval_s)
-        before = path.stat().st_size if journal.exists() else 0
-        journal.append_intents([(c.last_decisions[m], c.last_signals[m]) for m in c.last_decisions], False)
-        if before:  # the first append also writes the journal's header
-            grown += path.stat().st_size - before
-            n += len(c.last_decisions)
-    return round(grown / max(n, 1))
-
-
 def used_bytes(db: Path) -> int:
     con = sqlite3.connect(db)
     try:
@@ -137,13 +120,12 @@ def measure(forecast: bool, warmup: int, ticks: int, server: str | None) -> dict
             before, n0 = size(), len(h.repo.list_decisions(limit=10**9))
             run(ticks)
             after, n1 = size(), len(h.repo.list_decisions(limit=10**9))
-            journal = journal_bytes(h, Path(tmp) / "journal.jsonl")
         finally:
             h.close()
     decisions = n1 - n0
     return {"policy": "demo + forecast" if forecast else "demo", "database": "postgresql" if server else "sqlite",
             "decisions": decisions, "bytes_per_decision": round((after - before) / max(decisions, 1)),
-            "journal_bytes_per_decision": journal, "target_bytes": TARGET_BYTES}
+            "target_bytes": TARGET_BYTES}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for r in runs:
             print(f"{r['database']:<10} {r['policy']:<16} {r['bytes_per_decision']:>7} bytes/decision over {r['decisions']} decisions"
-                  f" (target <= {r['target_bytes']}); journal {r['journal_bytes_per_decision']} bytes/decision")
+                  f" (target <= {r['target_bytes']})")
     return 0
 
 

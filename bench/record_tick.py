@@ -30,8 +30,9 @@ except ImportError:
 import control_plane as cp  # noqa: E402
 
 
-def capture(n: int, db: str) -> tuple[list[Any], list[Any]]:
-    """One tick's ``record_decisions`` and ``record_outcomes`` arguments, after 6 ticks."""
+def capture(n: int, db: str) -> tuple[list[Any], list[Any], list[Any]]:
+    """One tick's ``record_decisions`` (its items and their ``skipped``) and ``record_outcomes``
+    arguments, after 6 ticks."""
     from controller.config import DaemonConfig
     from controller.db.repo import Repository
     from controller.runtime import build_runtime
@@ -48,9 +49,9 @@ def capture(n: int, db: str) -> tuple[list[Any], list[Any]]:
             d.tick()
         decisions, outcomes = Repository.record_decisions, Repository.record_outcomes
 
-        def keep_decisions(self: Repository, items: Any) -> list[int]:
-            got["intents"] = list(items)
-            return decisions(self, items)
+        def keep_decisions(self: Repository, items: Any, skipped: Any = ()) -> list[int]:
+            got["intents"], got["skipped"] = list(items), list(skipped)
+            return decisions(self, items, skipped)
 
         def keep_outcomes(self: Repository, items: Any, *, at: Any = None) -> None:
             got["outcomes"] = list(items)
@@ -63,14 +64,14 @@ def capture(n: int, db: str) -> tuple[list[Any], list[Any]]:
         finally:
             Repository.record_decisions, Repository.record_outcomes = decisions, outcomes  # type: ignore[method-assign]
             rt.stop()
-    return got["intents"], got["outcomes"]
+    return got["intents"], got["skipped"], got["outcomes"]
 
 
 def replay(n: int, db: str, repeat: int) -> dict[str, Any]:
     from controller.db.migrate import upgrade
     from controller.db.repo import Repository
 
-    intents, outcomes = capture(n, db)
+    intents, skipped, outcomes = capture(n, db)
     cpu_i, cpu_o, wall = [], [], []
     with tempfile.TemporaryDirectory(prefix="tg-bench-") as tmp, cp.database(db, Path(tmp)) as (url, _):
         upgrade(url)
@@ -78,7 +79,7 @@ def replay(n: int, db: str, repeat: int) -> dict[str, Any]:
         try:
             for _ in range(repeat):
                 w, c = time.perf_counter(), time.process_time()
-                ids = repo.record_decisions(intents)
+                ids = repo.record_decisions(intents, skipped)
                 cpu_i.append(time.process_time() - c)
                 c = time.process_time()
                 repo.record_outcomes([(ids[k], *o[1:]) for k, o in enumerate(outcomes)])

@@ -27,7 +27,9 @@ A tick, in order:
    the only dry-run there is: providers have none of their own). A model in
    shadow mode (its policy's ``mode: shadow`` or the daemon's) decided on a fleet of its own
    (``controller.core.virtual``: its last placement in place of what runs) and is never acted on;
-   its decision is recorded with the signals as observed, outcome ``skipped``, ``SHADOW_DETAIL``.
+   its decision is recorded with the signals as observed, outcome ``skipped``, ``SHADOW_DETAIL``,
+   in its intent: never ``pending``, so a daemon killed mid-tick leaves no shadow decision for
+   reconciliation to judge against the pools that run (they are not tidegate's).
 5. **Record**: intent before effect. Every model's decision (with its signals) is written as one
    batch, outcome ``pending``, *before* the first provider call; the actions and outcomes of all
    models follow as one more batch after the calls. A recorder that cannot reach its database
@@ -156,9 +158,12 @@ class Recorder(Protocol):
         died, and nothing acted on the model for longer than the history window)."""
         ...
 
-    def intents(self, items: Sequence[tuple[Decision, ModelSignals]], dry_run: bool) -> RecordedIntents:
+    def intents(self, items: Sequence[tuple[Decision, ModelSignals]], dry_run: bool,
+                shadow: Collection[str] = frozenset()) -> RecordedIntents:
         """Store the tick's decisions with their signals, outcome ``pending``, durably, before any
-        call; raises when they can be stored nowhere."""
+        call; raises when they can be stored nowhere. The decisions of the models in ``shadow``
+        are never acted on: their outcome (``skipped``, ``SHADOW_DETAIL``) is stored with them,
+        so no shadow decision is ever left ``pending`` (nor judged against the pools that run)."""
         ...
 
     def outcomes(self, items: Sequence[Outcome]) -> None:
@@ -558,8 +563,9 @@ class Controller:
                 decisions[name] = decision
         if not decisions:
             return report
+        shadows = {n for n in self.models if self.is_shadow(policies.get(n))}  # never carried out
         try:
-            recorded = self.recorder.intents([(d, signals[n]) for n, d in decisions.items()], self.dry_run)
+            recorded = self.recorder.intents([(d, signals[n]) for n, d in decisions.items()], self.dry_run, shadows)
         except Exception as e:  # noqa: BLE001 - an intent stored nowhere is never acted on
             logger.exception("decisions could not be recorded; nothing acted on")
             report.errors.update({name: f"record: {type(e).__name__}: {e}" for name in decisions})
@@ -569,7 +575,6 @@ class Controller:
         placements = self._placements(decisions, grow_only=recorded.journaled)
         for n, p in (others or {}).items():  # models other replicas act on share the node groups
             placements.setdefault(n, p)
-        shadows = {n for n in placements if self.is_shadow(policies.get(n))}  # never carried out
         nodes = self.pool_nodes({n: p for n, p in placements.items() if n not in shadows})
         outcomes = [Outcome(ids[name], [], "skipped", SHADOW_DETAIL) if name in shadows
                     else self._act(decision, ids[name], nodes, now, report, grow_only=recorded.journaled)

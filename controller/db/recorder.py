@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import sqlalchemy.exc as sa_exc
 
-from controller.controller import Outcome, PendingIntent, RecordedIntents
+from controller.controller import SHADOW_DETAIL, Outcome, PendingIntent, RecordedIntents
 from controller.core.model import Decision, History, ModelSignals, Override
 from controller.db.journal import Journal
 from controller.db.repo import Repository
@@ -38,7 +38,8 @@ class RepositoryRecorder:
         self.repo = repo
         self.journal = journal
         self._settled: dict[int, str] = {}
-        """Intents stored ``skipped`` at once (decisions that act on nothing), with their detail."""
+        """Intents stored ``skipped`` at once (decisions that act on nothing: those that do not
+        actuate, and shadow decisions), with their detail."""
 
     # --- reads ---------------------------------------------------------------------------------
 
@@ -59,26 +60,30 @@ class RepositoryRecorder:
 
     # --- writes --------------------------------------------------------------------------------
 
-    def intents(self, items: Sequence[tuple[Decision, ModelSignals]], dry_run: bool) -> RecordedIntents:
-        recorded = self._intents(items, dry_run)
-        self._settled = {i: d.reason for i, (d, _) in zip(recorded.ids, items) if not d.actuate}
+    def intents(self, items: Sequence[tuple[Decision, ModelSignals]], dry_run: bool,
+                shadow: Collection[str] = frozenset()) -> RecordedIntents:
+        skipped = [SHADOW_DETAIL if d.model in shadow else None for d, _ in items]
+        recorded = self._intents(items, dry_run, skipped)
+        self._settled = {i: detail or d.reason for i, (d, _), detail in zip(recorded.ids, items, skipped)
+                         if detail is not None or not d.actuate}
         return recorded
 
-    def _intents(self, items: Sequence[tuple[Decision, ModelSignals]], dry_run: bool) -> RecordedIntents:
+    def _intents(self, items: Sequence[tuple[Decision, ModelSignals]], dry_run: bool,
+                 skipped: Sequence[str | None]) -> RecordedIntents:
         now = items[0][0].at if items else None
         if now is None or self.replay(now):
             try:
-                return RecordedIntents(self.repo.record_decisions([(d, sig, dry_run) for d, sig in items]))
+                return RecordedIntents(self.repo.record_decisions([(d, sig, dry_run) for d, sig in items], skipped))
             except UNAVAILABLE as e:
                 if self.journal is None:
                     raise
                 log(logger, logging.WARNING, "database refused the intents; journaled locally, only scale-ups act",
                     error=_words(e), journal=str(self.journal.path), decisions=len(items))
         assert self.journal is not None  # replay() is True without one
-        return RecordedIntents(self.journal.append_intents(items, dry_run), journaled=True)
+        return RecordedIntents(self.journal.append_intents(items, dry_run, skipped), journaled=True)
 
     def outcomes(self, items: Sequence[Outcome]) -> None:
-        # a decision that does not actuate was stored skipped with its intent: nothing to add
+        # a decision that acts on nothing (no actuation, or a shadow's) was stored skipped with its intent
         rows = [(o.decision_id, o.actions, o.outcome, o.detail, o.applied_replicas) for o in items
                 if not (o.outcome == "skipped" and not o.actions and o.applied_replicas is None
                         and self._settled.get(o.decision_id, None) == o.detail)]
@@ -100,15 +105,14 @@ class RepositoryRecorder:
         (now or any more), False while the database still refuses it."""
         if self.journal is None or not self.journal.exists():
             return True
-        journal_id, entries = self.journal.entries()
-        try:
-            written = self.repo.replay_journal(journal_id or self.journal.path.name, entries, now)
+        journal_id = self.journal.journal_id() or self.journal.path.name
+        try:  # the entries are decoded only once the database answers: not at every tick of an outage
+            written = self.repo.replay_journal(journal_id, self.journal.entries(), now)
         except UNAVAILABLE as e:
             log(logger, logging.DEBUG, "journal not replayed yet: database unavailable", error=_words(e))
             return False
         self.journal.remove()
-        log(logger, logging.INFO, "journal replayed into the decision log", journal=journal_id, entries=len(entries),
-            decisions=written)
+        log(logger, logging.INFO, "journal replayed into the decision log", journal=journal_id, decisions=written)
         return True
 
 

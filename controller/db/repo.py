@@ -18,10 +18,11 @@ tick). :meth:`Repository.rebuild_history` folds the rows within a horizon back i
 
 from __future__ import annotations
 
+import itertools
 import threading
 import zlib
 from dataclasses import dataclass
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta, timezone
 from typing import Any, cast
@@ -146,6 +147,10 @@ class _Chain:
     length: int
 
 
+_REPLAY_BATCH = 1000
+"""Journal entries a replay decodes and writes at a time (a tick of 1,000 models): what it holds in
+memory besides the handles, however long the outage the journal covers."""
+
 _NEWEST_PER_QUERY = 500
 """Models whose newest decision one query looks up (SQLite allows 2,000 result columns)."""
 
@@ -202,11 +207,13 @@ class Repository:
     # --- decisions -----------------------------------------------------------------------------
 
     @staticmethod
-    def _decision_values(decision: Decision, signals: ModelSignals, dry_run: bool) -> dict[str, Any]:
+    def _decision_values(decision: Decision, signals: ModelSignals, dry_run: bool,
+                         skipped: str | None = None) -> dict[str, Any]:
         if signals.model != decision.model:
             raise ValueError(f"signals are for model {signals.model!r}, decision for {decision.model!r}")
         point, scale = _tick_delta(decision)
         rule_state = codec.to_jsonable(decision.history.rule_state)
+        settled = skipped if skipped is not None else None if decision.actuate else decision.reason
         return dict(
             model=decision.model,
             at=decision.at,
@@ -238,8 +245,8 @@ class Repository:
             rule_state={},
             # a decision that acts on nothing has its outcome now: one write, no update (on
             # PostgreSQL an update leaves a dead row version behind until vacuum)
-            outcome="pending" if decision.actuate else "skipped",
-            outcome_detail=None if decision.actuate else decision.reason,
+            outcome="skipped" if settled is not None else "pending",
+            outcome_detail=settled,
             noop_actions=0,
         )
 
@@ -249,10 +256,15 @@ class Repository:
         decision that does not actuate)."""
         return self.record_decisions([(decision, signals, dry_run)])[0]
 
-    def record_decisions(self, items: Sequence[tuple[Decision, ModelSignals, bool]]) -> list[int]:
+    def record_decisions(self, items: Sequence[tuple[Decision, ModelSignals, bool]],
+                         skipped: Sequence[str | None] = ()) -> list[int]:
         """Store a tick's decisions (each with its signals and dry-run flag), outcome ``pending``,
-        in one transaction (one bulk insert); returns their ids in the order given."""
-        rows = [self._decision_values(d, sig, dry_run) for d, sig, dry_run in items]
+        in one transaction (one bulk insert); returns their ids in the order given. A decision
+        that acts on nothing is stored ``skipped`` at once: one that does not actuate with its
+        reason as the detail, and one given a detail in ``skipped`` (per item; a shadow
+        decision, never acted on) with that detail."""
+        rows = [self._decision_values(d, sig, dry_run, detail)
+                for (d, sig, dry_run), detail in zip(items, skipped or [None] * len(items), strict=True)]
         if not rows:
             return []
         with self._lock, self._sessions.begin() as s:
@@ -417,47 +429,48 @@ class Repository:
         if steps:  # reconciliation's scale steps (rare: after a restart or a refused outcome)
             s.execute(sa.update(DecisionRow), steps)
 
-    def replay_journal(self, journal_id: str, entries: Sequence[Mapping[str, Any]], now: datetime) -> int:
+    def replay_journal(self, journal_id: str, entries: Iterable[Mapping[str, Any]], now: datetime) -> int:
         """Write a local journal's entries (``controller.db.journal``) in order, in one
         transaction that also records ``journal_id``; returns the number of decisions written, 0
-        when this journal was replayed before (exactly once, whatever crashes in between)."""
+        when this journal was replayed before (exactly once, whatever crashes in between).
+        ``entries`` is read once, in order, and only once the database has answered (a journal's
+        entries are decoded as they are read: nothing is decoded while the database is away),
+        ``_REPLAY_BATCH`` at a time."""
         handles: dict[int, int] = {}
-        written = 0
+        written = count = 0
         chains: dict[str, _Chain] = {}
         with self._lock, self._sessions.begin() as s:
             if s.get(JournalReplayRow, journal_id) is not None:
                 return 0
-            i = 0
-            while i < len(entries):
-                intents = []
-                while i < len(entries) and entries[i]["kind"] == "intent":
-                    intents.append(entries[i])
-                    i += 1
-                if intents:
-                    rows = [self._decision_values(codec.decision_from_json(e["decision"]),
-                                                  codec.signals_from_json(e["signals"]), bool(e["dry_run"]))
-                            for e in intents]
-                    saved = self._chains
-                    self._chains = {**saved, **chains}
-                    try:
-                        new_ids, more = self._insert_decisions(s, rows)
-                    finally:
-                        self._chains = saved
-                    chains.update(more)
-                    handles.update(zip((int(e["handle"]) for e in intents), new_ids))
-                    written += len(rows)
-                outcomes = []
-                while i < len(entries) and entries[i]["kind"] == "outcome":
-                    e = entries[i]
-                    key = int(e["decision_id"])
-                    outcomes.append((handles[key] if key < 0 else key, [codec.action_from_json(a) for a in e["actions"]],
-                                     e["outcome"], e.get("detail"), e.get("applied_replicas")))
-                    i += 1
-                if outcomes:
-                    self._write_outcomes(s, outcomes, None)
-            s.add(JournalReplayRow(journal_id=journal_id, replayed_at=now, entries=len(entries)))
+            for kind, run in itertools.groupby(entries, key=lambda e: e["kind"]):
+                while batch := list(itertools.islice(run, _REPLAY_BATCH)):
+                    count += len(batch)
+                    if kind == "intent":
+                        new_ids = self._replay_intents(s, batch, chains)
+                        handles.update(zip((int(e["handle"]) for e in batch), new_ids))
+                        written += len(batch)
+                        continue
+                    self._write_outcomes(s, [
+                        (handles[key] if (key := int(e["decision_id"])) < 0 else key,
+                         [codec.action_from_json(a) for a in e["actions"]], e["outcome"], e.get("detail"),
+                         e.get("applied_replicas")) for e in batch], None)
+            s.add(JournalReplayRow(journal_id=journal_id, replayed_at=now, entries=count))
         self._chains.update(chains)
         return written
+
+    def _replay_intents(self, s: Session, intents: Sequence[Mapping[str, Any]], chains: dict[str, _Chain]) -> list[int]:
+        """Insert a batch of a journal's intents; ``chains``: the payload chains of the replay's
+        transaction so far (updated; the repository keeps them once it is committed)."""
+        rows = [self._decision_values(codec.decision_from_json(e["decision"]), codec.signals_from_json(e["signals"]),
+                                      bool(e["dry_run"]), e.get("skipped")) for e in intents]
+        saved = self._chains
+        self._chains = {**saved, **chains}
+        try:
+            new_ids, more = self._insert_decisions(s, rows)
+        finally:
+            self._chains = saved
+        chains.update(more)
+        return new_ids
 
     def list_journal_replays(self) -> list[dict[str, Any]]:
         """Journals replayed into this log, newest first: ``journal_id``, ``replayed_at``, ``entries``."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Mapping, Protocol, Sequence
+from typing import Any, Collection, Literal, Mapping, Protocol, Sequence
 
 from controller.controller import Controller, Outcome, PendingIntent, RecordedIntents
 from controller.core.model import Decision, History, ModelSignals, Override
@@ -92,7 +92,8 @@ class MemoryRecorder:
     def pending(self, models: Sequence[str], since: datetime) -> Sequence[PendingIntent]:
         return ()
 
-    def intents(self, items: Sequence[tuple[Decision, ModelSignals]], dry_run: bool) -> RecordedIntents:
+    def intents(self, items: Sequence[tuple[Decision, ModelSignals]], dry_run: bool,
+                shadow: Collection[str] = frozenset()) -> RecordedIntents:
         for decision, _ in items:
             self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
         first = self.decisions + 1

@@ -1,5 +1,6 @@
-"""``bench/control_plane.py`` runs end to end and prints the documented JSON (a smoke test with
-tiny fleets; the figures themselves are the benchmark's business, never asserted here)."""
+"""``bench/control_plane.py``, ``bench/record_tick.py`` and ``bench/journal_size.py`` run end to
+end and print the documented JSON (a smoke test with tiny fleets; the figures themselves are the
+benchmark's business, never asserted here)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,16 @@ def test_record_tick_bench_writes_a_captured_tick_and_prints_its_cost() -> None:
     # one decision a model, each written (and its outcome) twice into the fresh log
     assert (run["models"], run["database"], run["decisions"], run["repeat"]) == (3, "sqlite", 3, 2)
     assert run["record_decisions_cpu_s"] > 0 and run["record_outcomes_cpu_s"] >= 0 and run["wall_s"] > 0
+
+
+def test_journal_size_bench_prints_the_bytes_and_hours_of_each_run() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "journal_size.py"), "--models", "2", "--warmup", "2",
+                           "--ticks", "2", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["volume_bytes"] > 0  # the chart's journalVolume
+    assert [(r["models"], r["policy"]) for r in out["runs"]] == [(2, "demo"), (2, "demo + forecast")]
+    for run in out["runs"]:
+        # the second tick's two decisions (the first append also writes the journal's header)
+        assert run["decisions"] == 2 and run["bytes_per_decision"] > 0 and run["bytes_per_tick"] > 0
+        assert run["hours"] > 0 and run["append_cpu_ms"] >= 0

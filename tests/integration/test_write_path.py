@@ -39,6 +39,7 @@ import sqlalchemy as sa
 import yaml
 
 from controller.config import DaemonConfig
+from controller.controller import SHADOW_DETAIL
 from controller.daemon import TickReport
 from controller.core.model import History, ScaleEvent
 from controller.db.journal import Journal
@@ -211,6 +212,74 @@ def test_kill_9_during_a_slow_scale_call_leaves_no_actuation_unrecorded(
         repo.close()
 
 
+@pytest.mark.postgres
+def test_a_shadow_daemon_killed_between_intent_and_outcome_leaves_nothing_to_reconcile(
+        kube: KubePeer, tmp_path: Path, pg_url: str) -> None:
+    """The daemon in shadow mode (``mode: shadow``) beside a Deployment that stays at 4 is killed
+    (kill -9) after the intent of its 4 -> 12, while the outcomes table takes no writes (the test
+    holds a lock on it: the moment between an intent and its outcome, made to last). A shadow
+    decision is never carried out, so its outcome is in its intent: the restarted daemon finds
+    nothing pending and does not judge the shadow's step by the pool that runs (as an acting
+    daemon's step, 4 -> 12 with 4 running would read "not applied" and lose its scale step), and
+    the shadow report of the killed daemon's time reads the same before and after the restart."""
+    from controller.shadow import report
+
+    fleet = Fleet(kube, tmp_path, pg_url, replicas=4)
+    fleet.raw["mode"] = "shadow"
+    fleet.config.write_text(yaml.safe_dump(fleet.raw))
+    cfg = DaemonConfig.model_validate(fleet.raw)
+    fleet.set_load(4)
+    upgrade(pg_url)
+    log = tmp_path / "daemon.log"
+    repo = Repository(pg_url)
+    engine = make_engine(pg_url)
+    mark = kube.mark()
+    a = fleet.start_daemon(log)
+
+    def shadow_report(since: datetime, until: datetime) -> dict[str, Any]:
+        return report(repo, models=cfg.model_specs(), pools=cfg.pool_specs(), p99_targets={"llama": None},
+                      since=since, until=until)
+
+    try:
+        wait_for("a first shadow decision", lambda: decisions(repo), proc=a, log=log)
+        with engine.connect() as lock:
+            lock.exec_driver_sql("LOCK TABLE decision_outcomes IN SHARE MODE")  # inserts wait; reads go on
+            fleet.set_load(12)
+            intent = wait_for("the intent of 4 -> 12", lambda: next(
+                (d for d in decisions(repo) if d["replicas"] == 12), None), proc=a, log=log)
+            a.send_signal(signal.SIGKILL)
+            a.wait(10)
+            lock.rollback()
+        killed = decisions(repo)
+        since = datetime.fromisoformat(killed[0]["at"])
+        until = datetime.fromisoformat(killed[-1]["at"]) + timedelta(seconds=1)
+        before = shadow_report(since, until)
+
+        b = fleet.start_daemon(log)
+        try:
+            wait_for("three decisions of the restarted daemon",
+                     lambda: len([d for d in decisions(repo) if d["id"] > killed[-1]["id"]]) >= 3, proc=b, log=log)
+        finally:
+            b.send_signal(signal.SIGKILL)
+            b.wait(10)
+
+        row = repo.get_decision(intent["id"]) or {}
+        assert (row["outcome"], row["outcome_detail"]) == ("skipped", SHADOW_DETAIL)
+        assert row["scale_event"] == {"at": row["at"], "from_replicas": 4, "to_replicas": 12}, "the shadow's own step"
+        assert {(d["outcome"], d["outcome_detail"]) for d in repo.all_decisions(model="llama")} == {
+            ("skipped", SHADOW_DETAIL)}
+        with engine.connect() as c:  # a shadow decision is one write: no outcome row after it
+            assert c.exec_driver_sql("SELECT count(*) FROM decision_outcomes").scalar() == 0
+        assert before and shadow_report(since, until) == before
+        assert fleet.replica_history() == [4]
+        assert not [r for r in kube.requests_since(mark) if r.is_write and not r.by_test], "a shadow never writes"
+    finally:
+        if a.poll() is None:
+            a.kill()
+        engine.dispose()
+        repo.close()
+
+
 # --- the database away: the journal ------------------------------------------------------------
 
 T0 = datetime(2026, 11, 2, tzinfo=timezone.utc)
@@ -339,6 +408,32 @@ def test_an_intent_left_in_the_journal_by_a_dead_daemon_is_replayed_then_reconci
         assert (replayed["at"], replayed["replicas"], replayed["outcome"]) == (at.isoformat(), 12, "applied")
         assert "reconciled at start" in (rt.daemon.repo.get_decision(replayed["id"]) or {})["outcome_detail"]
         assert rt.daemon.controller.histories["llama"].scale_events[0] == ScaleEvent(at, 4, 12)
+    finally:
+        rt.stop()
+
+
+def test_a_journal_a_daemon_left_before_its_upgrade_is_replayed_by_the_new_one(kube: KubePeer, tmp_path: Path) -> None:
+    """A daemon of the previous journal format (one intent a line: ``journal_v1.jsonl``, written
+    by commit 0cb5a40's ``Journal`` for two ticks, 4 -> 12 with its outcome, then 12 -> 16 without:
+    it died after scaling) is replaced by this one during the outage: the new daemon replays the
+    old lines in order, once, and settles the intent left pending by what runs."""
+    journal = tmp_path / "intents.jsonl"
+    shutil.copy(Path(__file__).with_name("journal_v1.jsonl"), journal)
+    fleet = Fleet(kube, tmp_path, f"sqlite:///{tmp_path / 'tidegate.db'}", replicas=16, journal_path=str(journal))
+    rt, clock = manual_daemon(fleet)
+    try:
+        first = tick(rt, clock, fleet, 16)
+        assert first.ok, first.errors
+        assert not journal.exists()
+        repo = rt.daemon.repo
+        up, more, now = (repo.get_decision(d["id"]) or {} for d in decisions(repo))
+        assert [(d["at"], d["replicas"]) for d in (up, more)] == [
+            ((T0 - timedelta(seconds=10)).isoformat(), 12), ((T0 - timedelta(seconds=5)).isoformat(), 16)]
+        assert (up["outcome"], [a["arguments"] for a in up["actions"]]) == ("applied", [{"replicas": 12}])
+        assert (more["outcome"], more["outcome_detail"]) == ("applied", "reconciled at start: applied")
+        assert now["replicas"] == 16 and len(repo.list_journal_replays()) == 1
+        assert rt.daemon.controller.histories["llama"].scale_events[:2] == (
+            ScaleEvent(T0 - timedelta(seconds=10), 4, 12), ScaleEvent(T0 - timedelta(seconds=5), 12, 16))
     finally:
         rt.stop()
 

@@ -1,0 +1,158 @@
+"""The local journal's file on a real file system (``controller.db.journal``): a tick's intents in
+one line, read back in order with the lines of the previous format before them, a line torn by a
+crash skipped without losing the appends after it, and an append the disk cuts short refused
+whole (the tick then acts on nothing). Replays through a daemon are in ``test_write_path.py``."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from controller.controller import SHADOW_DETAIL, Outcome
+from controller.core.model import Action, ActionStatus, Decision, ModelSignals
+from controller.db import codec
+from controller.db.journal import Journal
+from controller.db.recorder import RepositoryRecorder
+from controller.db.repo import Repository
+from tests.integration.test_db_repo import decision_for, signals_for
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+T0 = datetime(2026, 11, 2, tzinfo=timezone.utc)
+
+
+def tick_items(n: int, at: datetime) -> list[tuple[Decision, ModelSignals]]:
+    """One tick of ``n`` models (``m0``, ``m1``...): the same policy and pools, each its own load."""
+    return [(replace(decision_for(f"m{k}", at, current=3, replicas=4 + k), cost_per_hour_usd=12.5 + k),
+             signals_for(f"m{k}", at)) for k in range(n)]
+
+
+def lines(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines()
+
+
+def test_a_ticks_intents_are_one_line_read_back_in_order_after_the_previous_formats_lines(tmp_path: Path) -> None:
+    """A journal the previous daemon left (one intent a line) grows by one line a tick; its
+    entries come back in file order, one per intent, with handles that go on from the old ones."""
+    path = tmp_path / "journal.jsonl"
+    shutil.copy(Path(__file__).with_name("journal_v1.jsonl"), path)
+    journal = Journal(path)
+    old_lines = len(lines(path))
+    first, second = tick_items(3, T0), tick_items(2, T0 + timedelta(seconds=5))
+    assert journal.append_intents(first, dry_run=False, skipped=[None, SHADOW_DETAIL, None]) == [-3, -4, -5]
+    journal.append_outcomes([(-3, [Action("kubernetes", "scale", "onprem", "m0", {"replicas": 4}, ActionStatus.OK)],
+                              "applied", None, None)])
+    assert journal.append_intents(second, dry_run=True) == [-6, -7]
+    assert len(lines(path)) == old_lines + 3, "one line a tick, one for the outcomes"
+
+    reread = Journal(path)
+    assert reread.journal_id() == "84356d03eccd47d2b509b21b2c80fcef", "the previous daemon's journal"
+    entries = list(reread.entries())
+    assert [(e["kind"], e.get("handle", e.get("decision_id"))) for e in entries] == [
+        ("intent", -1), ("outcome", -1), ("intent", -2),  # the previous format's lines
+        ("intent", -3), ("intent", -4), ("intent", -5), ("outcome", -3), ("intent", -6), ("intent", -7)]
+    new = [e for e in entries[3:] if e["kind"] == "intent"]
+    assert [codec.decision_from_json(e["decision"]) for e in new] == [d for d, _ in first + second]
+    assert [codec.signals_from_json(e["signals"]) for e in new] == [s for _, s in first + second]
+    assert [e.get("skipped") for e in new] == [None, SHADOW_DETAIL, None, None, None]
+    assert [e["dry_run"] for e in new] == [False] * 3 + [True] * 2
+
+
+def test_a_shadow_decision_journaled_while_the_database_is_away_is_replayed_skipped(
+        tmp_path: Path, migrated_db_url: str) -> None:
+    """The recorder journals a tick of two models, one in shadow mode, while the database refuses
+    them; only the acting model's outcome follows (the shadow's is in its intent). Replayed, the
+    shadow decision is ``skipped`` with ``SHADOW_DETAIL`` (the shadow report's), never pending."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    recorder = RepositoryRecorder(Repository("postgresql+psycopg://postgres@127.0.0.1:9/none?connect_timeout=1"),
+                                  journal)
+    recorded = recorder.intents(tick_items(2, T0), dry_run=False, shadow={"m0"})
+    assert recorded.journaled
+    shadow, acting = recorded.ids
+    recorder.outcomes([Outcome(shadow, [], "skipped", SHADOW_DETAIL), Outcome(acting, [], "applied")])
+    assert [(e["kind"], e.get("handle", e.get("decision_id"))) for e in journal.entries()] == [
+        ("intent", shadow), ("intent", acting), ("outcome", acting)]
+    recorder.repo = Repository(migrated_db_url)
+    try:
+        assert recorder.replay(T0) and not journal.exists()
+        rows = {r["model"]: r for r in recorder.repo.all_decisions()}
+        assert (rows["m0"]["outcome"], rows["m0"]["outcome_detail"]) == ("skipped", SHADOW_DETAIL)
+        assert rows["m1"]["outcome"] == "applied" and not recorder.repo.pending_decisions()
+    finally:
+        recorder.repo.close()
+
+
+def test_the_decisions_of_a_tick_are_compressed_together(tmp_path: Path) -> None:
+    """What the tick's one block is for: ten models' decisions, alike but for their names and
+    numbers, take less than half of what ten ticks of one of them each take."""
+    together, apart = Journal(tmp_path / "together.jsonl"), Journal(tmp_path / "apart.jsonl")
+    items = tick_items(10, T0)
+    together.append_intents(items, dry_run=False)
+    for item in items:
+        apart.append_intents([item], dry_run=False)
+    header = len(lines(together.path)[0]) + 1
+    assert together.path.stat().st_size - header < (apart.path.stat().st_size - header) / 2
+
+
+def test_a_line_torn_by_a_crash_is_skipped_and_the_next_append_is_kept(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A crash in the middle of an append leaves part of a line (its intents were never acted on:
+    acting waits for the append); the next daemon's append starts on a line of its own."""
+    path = tmp_path / "journal.jsonl"
+    Journal(path).append_intents(tick_items(2, T0), dry_run=False)
+    whole = path.read_bytes()
+    Journal(path).append_intents(tick_items(2, T0 + timedelta(seconds=5)), dry_run=False)
+    path.write_bytes(path.read_bytes()[:len(whole) + 40])  # the second tick's line, torn
+
+    after = Journal(path)
+    assert after.append_intents(tick_items(1, T0 + timedelta(seconds=10)), dry_run=False) == [-3]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "tidegate.journal"):
+        entries = list(after.entries())
+    assert [(e["handle"], e["decision"]["at"]) for e in entries] == [
+        (-1, codec.encode_datetime(T0)), (-2, codec.encode_datetime(T0)),
+        (-3, codec.encode_datetime(T0 + timedelta(seconds=10)))]
+    assert [r.getMessage() for r in caplog.records] == ["journal line torn by a crash; skipped"]
+
+
+SHORT_WRITE = textwrap.dedent("""\
+    import resource, signal, sys
+    from datetime import datetime
+    from pathlib import Path
+    from controller.db.journal import Journal
+    from tests.integration.test_journal import tick_items
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing us
+    journal = Journal(Path(sys.argv[1]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), resource.RLIM_INFINITY))
+    try:
+        print(journal.append_intents(tick_items(50, datetime.fromisoformat(sys.argv[3])), dry_run=False))
+    except OSError as e:
+        print(e.errno)
+    """)
+
+
+def test_an_append_the_disk_cuts_short_is_refused_whole(tmp_path: Path) -> None:
+    """The volume fills in the middle of a tick's line: the kernel writes part of it, then refuses
+    the rest (here the process's file-size limit, which does what a full disk does: a short write,
+    then an error). The append raises, so the tick acts on nothing, and the file is left as it was:
+    no torn line, no intent the daemon could have believed recorded."""
+    path = tmp_path / "journal.jsonl"
+    Journal(path).append_intents(tick_items(2, T0), dry_run=False)
+    before = path.read_bytes()
+    proc = subprocess.run([sys.executable, "-c", SHORT_WRITE, str(path), str(len(before) + 200),
+                           (T0 + timedelta(seconds=5)).isoformat()],
+                          cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == [str(errno.EFBIG)], proc.stdout
+    assert path.read_bytes() == before
+    assert [e["handle"] for e in Journal(path).entries()] == [-1, -2]
