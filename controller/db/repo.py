@@ -321,12 +321,17 @@ class Repository:
         reserved = iter(sorted(conn.execute(
             sa.text("SELECT nextval(pg_get_serial_sequence('decisions', 'id')) FROM generate_series(1, :n)"),
             {"n": n}).scalars()))
+        dialect = conn.dialect
+        columns = [(c.name, c.type.dialect_impl(dialect).bind_processor(dialect)) for c in table.columns]
+        copy = f"COPY {table.name} ({', '.join(name for name, _ in columns)}) FROM STDIN"
 
         def insert(rows: list[dict[str, Any]]) -> list[int]:
             ids = [next(reserved) for _ in rows]
             for row, i in zip(rows, ids):
                 row["id"] = i
-            conn.execute(sa.insert(table), rows)
+            with conn.connection.driver_connection.cursor() as cur, cur.copy(copy) as out:
+                for row in rows:
+                    out.write_row([row[name] if proc is None else proc(row[name]) for name, proc in columns])
             return ids
         return insert
 
