@@ -24,7 +24,7 @@ from typing import Any
 from controller.daemon import TickReport
 from providers.clock import ManualClock
 from tests.integration.gcp_server import GcpComputeServer, GcpRequest
-from tests.integration.kube_fleet import FAST_RETRY, T0, TICK_S, ScriptedLoad, build_daemon, model_entry, policy_yaml
+from tests.integration.kube_fleet import FAST_RETRY, T0, TICK_S, ScriptedLoad, build_daemon, model_entry, write_policies
 from tests.integration.peers import AWS_REGION, AwsPeer, AwsRequest, KubeControllers, KubePeer, asg_instances, create_asg
 
 POOLS = ("aws-spot", "gcp-spot", "aws-od")
@@ -61,10 +61,7 @@ class CloudFleet:
             for p in POOLS:
                 self.ctl.add_deployment(self.ns, f"{m}-{p}", {"app": m, "pool": p}, 0, gpus=2,
                                         node_selector=self.labels[p])
-        policies = tmp / f"policies-{tag}"
-        policies.mkdir()
-        for m in self.models:
-            (policies / f"{m}.yaml").write_text(policy_yaml(m))
+        policies = write_policies(tmp, tag, self.models)
         pool = {"gpu_type": "A100-80GB", "gpus_per_node": 4, "max_nodes": max_nodes, "provisioning_delay_s": 120}
         self.raw: dict[str, Any] = {
             "policies_dir": str(policies),

@@ -65,6 +65,15 @@ def policy_yaml(model: str) -> str:
         """)
 
 
+def write_policies(tmp: Path, tag: str, models: Sequence[str]) -> Path:
+    """A policies directory holding each model's ScalingPolicy file."""
+    policies = tmp / f"policies-{tag}"
+    policies.mkdir()
+    for m in models:
+        (policies / f"{m}.yaml").write_text(policy_yaml(m))
+    return policies
+
+
 def model_entry(name: str, deployments: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
     """One model of the fleets' config: a 70B-class model on A100s, its Deployment per pool."""
     return {"name": name, "tp_degree": 2, "quantization": "fp8", "gpu_types": ["A100-80GB"], "cold_start_s": 90,
@@ -102,10 +111,7 @@ class KubeFleet:
         for i in range(-(-models // 4)):  # four replicas of TP 2 to an 8-GPU node
             self.ctl.add_node(f"{tag}-onprem-{i}", self.labels["onprem"], 8)
         self.ctl.reconcile(self.clock.now())
-        policies = tmp / f"policies-{tag}"
-        policies.mkdir()
-        for m in self.models:
-            (policies / f"{m}.yaml").write_text(policy_yaml(m))
+        policies = write_policies(tmp, tag, self.models)
         ca = {"provider": "cluster-autoscaler", "gpu_type": "A100-80GB", "gpus_per_node": 4, "max_nodes": 2,
               "provisioning_delay_s": 120}
         self.raw: dict[str, Any] = {
