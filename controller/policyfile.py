@@ -221,6 +221,10 @@ except ImportError:  # pragma: no cover - a PyYAML built without libyaml
 _LIBYAML = _EventParser.__name__ == "CParser"
 
 
+def _too_deep(limits: PolicyLimits) -> str:
+    return f"mappings and sequences nest deeper than {limits.max_depth} levels; a policy needs far fewer"
+
+
 class _BoundedLoader(yaml.composer.Composer, _EventParser, yaml.constructor.SafeConstructor,  # type: ignore[misc, unused-ignore]
                      yaml.resolver.Resolver):
     """PyYAML's safe loader, counting as it composes: nesting depth, alias references, and nodes
@@ -272,8 +276,7 @@ class _BoundedLoader(yaml.composer.Composer, _EventParser, yaml.constructor.Safe
             return super().compose_node(parent, index)
         self._depth += 1
         if self._depth > self._limits.max_depth:
-            raise _LimitExceeded(f"mappings and sequences nest deeper than {self._limits.max_depth} "
-                                 "levels; a policy needs far fewer", event.start_mark)
+            raise _LimitExceeded(_too_deep(self._limits), event.start_mark)
         before = self._nodes
         self._count(1, event.start_mark)
         node = super().compose_node(parent, index)
@@ -503,8 +506,11 @@ def parse_policy_text(file: str, text: str, registry: Registry,
         problem = getattr(e, "problem", None) or str(e)
         context = getattr(e, "context", None)
         detail = " ".join((f"{context}, {problem}" if context else str(problem)).split())  # one line
-        errors.append(PolicyError(file, None if mark is None else mark.line + 1, "",
-                                  f"YAML syntax error: {detail}"))
+        if "maximum nesting depth" in detail:  # libyaml's own limit (1,000 levels in PyYAML 6.0.4's)
+            detail = f"refused: {_too_deep(limits)}"
+        else:
+            detail = f"YAML syntax error: {detail}"
+        errors.append(PolicyError(file, None if mark is None else mark.line + 1, "", detail))
         opaque = True
     except Exception as e:  # noqa: BLE001 - a file must never crash a reload, whatever it holds
         errors.append(PolicyError(file, doc_line, "", f"cannot load the document: "

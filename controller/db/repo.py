@@ -332,7 +332,9 @@ class Repository:
             ids = [next(reserved) for _ in rows]
             for row, i in zip(rows, ids):
                 row["id"] = i
-            with conn.connection.driver_connection.cursor() as cur, cur.copy(copy) as out:
+            raw = conn.connection.driver_connection  # psycopg's, in the transaction SQLAlchemy began
+            assert raw is not None, "a live connection has its driver's connection"
+            with raw.cursor() as cur, cur.copy(copy) as out:
                 for row in rows:
                     out.write_row([row[name] if proc is None else proc(row[name]) for name, proc in columns])
             return ids
