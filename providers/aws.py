@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -165,6 +166,25 @@ def _call(what: str, fn: Callable[[], Any]) -> Any:
     except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError, botocore.parsers.ResponseParserError,
             OSError) as e:
         raise translate_aws_error(e, what) from e
+    except (LookupError, ValueError, TypeError, AttributeError) as e:
+        # A well-formed answer of another shape (an endpoint or proxy that is not the AWS API, an
+        # API change) fails inside botocore's parser with a plain KeyError and the like: trouble
+        # on the way, like an unparseable page. Our own bugs raise them too: only botocore's pass.
+        if not _raised_in(e, "botocore"):
+            raise
+        raise TransientProviderError(
+            f"{what}: the answer could not be read ({type(e).__name__} {e} in botocore's parser): "
+            "is the endpoint the AWS API, or a proxy in between?") from e
+
+
+def _raised_in(e: BaseException, package: str) -> bool:
+    """Whether the innermost frame of ``e``'s traceback is in ``package``'s files."""
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{os.sep}{package}{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
 def _aware(t: Any) -> datetime | None:

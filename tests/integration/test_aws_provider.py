@@ -221,6 +221,21 @@ def test_an_answer_botocore_cannot_read_is_transient_and_retried(aws: AwsPeer, k
         w.node_group.describe(T0)
 
 
+def test_a_well_formed_answer_of_another_shape_is_transient_and_says_so(aws: AwsPeer, kube: KubePeer) -> None:
+    """XML that parses but is not the API's answer (an endpoint that is not AWS, a proxy's own
+    XML) fails inside botocore's parser with a plain ``KeyError``: it is retried like an
+    unreadable page, then a transient error that names the call and the likely cause, never a
+    bare ``KeyError`` out of the provider."""
+    w = AwsWorld(aws, kube, desired=2)
+    other = b'<?xml version="1.0"?><Error><Reason>maintenance window</Reason></Error>'
+    aws.fault("DescribeAutoScalingGroups", 200, other, content_type="text/xml")
+    assert w.node_group.describe(T0).target == 2  # the retry read it
+    aws.fault("DescribeAutoScalingGroups", 200, other, content_type="text/xml", times=100)
+    with pytest.raises(TransientProviderError, match=r"DescribeAutoScalingGroups .*could not be read.*endpoint") as info:
+        w.node_group.describe(T0)
+    assert isinstance(info.value.__cause__, KeyError)
+
+
 def test_validation_errors_are_permanent_and_not_retried(aws: AwsPeer, kube: KubePeer) -> None:
     w = AwsWorld(aws, kube)
     aws.fault("SetDesiredCapacity", 400, query_error("ValidationError", "New SetDesiredCapacity value 9 is above max value 4"))
