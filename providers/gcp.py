@@ -113,6 +113,9 @@ def _reasons(e: Any) -> set[str]:
 def translate_gcp_error(e: BaseException, what: str) -> ProviderError:
     from google.api_core import exceptions as gexc  # imported when called: the settings and the kind load without it
 
+    if isinstance(e, ProviderError):  # our own reading of an answer, already said
+        return e
+
     if isinstance(e, gexc.GoogleAPICallError):
         code = getattr(e, "code", None)
         msg = str(getattr(e, "message", e))[:300]
@@ -125,6 +128,13 @@ def translate_gcp_error(e: BaseException, what: str) -> ProviderError:
         return PermanentProviderError(f"{what}: {code}: {msg}")
     if isinstance(e, (gexc.RetryError, OSError, TimeoutError)):
         return TransientProviderError(f"{what}: {type(e).__name__}: {e}")
+    from google.protobuf import json_format
+
+    if isinstance(e, json_format.ParseError):
+        # a 200 whose body is not the API's JSON (a proxy's or another service's page): trouble on
+        # the way, as botocore's ResponseParserError is for AWS
+        return TransientProviderError(f"{what}: the answer could not be read ({type(e).__name__}: {str(e)[:200]}): "
+                                      "is the endpoint the Compute Engine API, or a proxy in between?")
     try:
         import google.auth.exceptions as gauth
         import requests
@@ -216,8 +226,17 @@ class GcpNodeGroup:
         """After a write (made or attempted): the next ``describe`` reads the group again."""
         self.shared.forget(lambda key: True)
 
+    def _this_group(self, mig: Any) -> Any:
+        """``mig`` if it is the answer about this group. protobuf reads any JSON object with its
+        unknown fields ignored: another service's answer would read as an empty group of target
+        0, and be acted on."""
+        if mig.name != self.name:
+            raise TransientProviderError(f"{self._label}: the answer is not this group (it names {mig.name!r}): "
+                                         "is the endpoint the Compute Engine API, or a proxy in between?")
+        return mig
+
     def _state(self, now: datetime) -> GroupState:
-        mig = self._retry(self._label, lambda: self.client.get(**self._kw()))
+        mig = self._retry(self._label, lambda: self._this_group(self.client.get(**self._kw())))
         managed = self._retry(f"listManagedInstances of {self._label}",
                               lambda: list(self.client.list_managed_instances(**self._kw())))
         instances: list[GroupInstance] = []

@@ -80,6 +80,16 @@ class GcpFault:
     reason: str
     message: str
     times: int = 1
+    body: RawBody | None = None
+    """Answered as is instead of an API error document (a proxy's page, another service's JSON)."""
+
+
+@dataclass(frozen=True)
+class RawBody:
+    """An answer that is not the API's JSON: bytes and their content type."""
+
+    data: bytes
+    content_type: str = "text/html"
 
 
 @dataclass(frozen=True)
@@ -132,6 +142,10 @@ class GcpComputeServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._httpd.server_address[1]}"
 
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
     def reset(self) -> None:
         with self._lock:
             self.migs.clear()
@@ -174,9 +188,11 @@ class GcpComputeServer:
                     if i.status == "RUNNING"}
 
     def fault(self, method: str, path: str, status: int, *, reason: str = "backendError",
-              message: str = "injected fault", times: int = 1) -> None:
+              message: str = "injected fault", times: int = 1, body: RawBody | None = None) -> None:
+        """Answer the next ``times`` matching requests with ``status`` and an API error document
+        (``reason``, ``message``), or with ``body`` as is."""
         with self._lock:
-            self._faults.append(GcpFault(method.upper(), re.compile(path), status, reason, message, times))
+            self._faults.append(GcpFault(method.upper(), re.compile(path), status, reason, message, times, body))
 
     def requests(self) -> list[GcpRequest]:
         with self._lock:
@@ -241,7 +257,7 @@ class GcpComputeServer:
             out["lastAttempt"] = {"errors": {"errors": [{"code": c, "message": m} for c, m in inst.errors]}}
         return out
 
-    def handle(self, method: str, raw_path: str, body: Any) -> tuple[int, dict[str, Any]]:
+    def handle(self, method: str, raw_path: str, body: Any) -> tuple[int, dict[str, Any] | RawBody]:
         parts = urlsplit(raw_path)
         query = parse_qs(parts.query)
         with self._lock:
@@ -249,6 +265,8 @@ class GcpComputeServer:
             for f in self._faults:
                 if f.times > 0 and f.method == method and f.path.search(parts.path):
                     f.times -= 1
+                    if f.body is not None:
+                        return f.status, f.body
                     return f.status, {"error": {"code": f.status, "message": f.message, "status":
                                                 _STATUS_NAMES.get(f.status, "UNKNOWN"),
                                                 "errors": [{"message": f.message, "domain": "global", "reason": f.reason}]}}
@@ -307,9 +325,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except ValueError:
             body = None
         status, doc = self.server_state.handle(method, self.path, body)
-        data = json.dumps(doc).encode()
+        if isinstance(doc, RawBody):
+            data, content_type = doc.data, doc.content_type
+        else:
+            data, content_type = json.dumps(doc).encode(), "application/json; charset=UTF-8"
         self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

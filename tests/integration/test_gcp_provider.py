@@ -21,7 +21,7 @@ from providers.gcp import (
     make_mig_client,
 )
 from providers.kubernetes import CALL_SCALE, Deployment, KubernetesCluster, KubernetesPoolProvider, KubernetesSettings
-from tests.integration.gcp_server import GcpComputeServer, Mig
+from tests.integration.gcp_server import GcpComputeServer, Mig, RawBody
 from tests.integration.peers import KubeControllers, KubePeer
 from tests.integration.test_kubernetes_provider import FAST_RETRY, model_spec
 
@@ -112,6 +112,32 @@ def test_errors_are_translated_transient_or_permanent_with_the_cause_chained(gcp
     with pytest.raises(PermanentProviderError, match="not found") as info3:
         GcpNodeGroup(PROJECT, "no-such-mig", clients["zonal"], zone=ZONE, settings=w.settings).describe(T0)
     assert isinstance(info3.value.__cause__, gexc.NotFound)
+
+
+NGINX_502 = (b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway"
+             b"</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n")  # nginx's page
+
+
+def test_an_answer_that_is_not_the_api_is_transient_and_never_an_empty_group(
+        gcp: GcpComputeServer, kube: KubePeer, clients: dict[str, object]) -> None:
+    """A 200 whose body is not the API's JSON (a proxy's page) is retried, then a transient error
+    naming the likely cause. Another service's JSON object parses (protobuf ignores unknown
+    fields) into a group of target 0 with no instances: it is refused the same way, so the pool is
+    never read, and acted on, as empty."""
+    w = GcpWorld(gcp, kube, clients, size=3)
+    gcp.fault("GET", "/instanceGroupManagers/[^/]+$", 200, body=RawBody(NGINX_502))
+    assert w.group.describe(T0).target == 3  # the retry read it
+    gcp.fault("GET", "/instanceGroupManagers/[^/]+$", 200, body=RawBody(NGINX_502), times=100)
+    with pytest.raises(TransientProviderError, match="could not be read.*endpoint"):
+        w.group.describe(T0 + timedelta(seconds=5))
+    gcp.clear_faults()
+
+    other = RawBody(b'{"status": "ok", "items": []}', "application/json")
+    gcp.fault("GET", "/instanceGroupManagers/[^/]+$", 200, body=other)
+    assert w.group.describe(T0 + timedelta(seconds=10)).target == 3  # retried
+    gcp.fault("GET", "/instanceGroupManagers/[^/]+$", 200, body=other, times=100)
+    with pytest.raises(TransientProviderError, match="not this group.*endpoint"):
+        w.group.describe(T0 + timedelta(seconds=15))
 
 
 def test_scale_out_resizes_before_replicas_then_scale_in_deletes_only_empty_instances(
