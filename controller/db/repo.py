@@ -44,6 +44,7 @@ from controller.core.model import (
     OverrideKind,
     ScaleEvent,
 )
+from controller.controller import SHADOW_DETAIL
 from controller.db import codec, payload, rollup
 from controller.db.models import (
     OUTCOMES,
@@ -865,8 +866,10 @@ class Repository:
         """``(id, model, placement)`` of decisions that were acted on (``actuate``), in id order:
         those with an id above ``after_id``, or, with ``None``, each model's latest. A sharded
         replica counts these placements of the models other replicas act on in its pools' node
-        sums (``controller.daemon``)."""
-        q = sa.select(DecisionRow.id, DecisionRow.model, DecisionRow.placement).where(DecisionRow.actuate.is_(True))
+        sums (``controller.daemon``). A shadow decision's placement was never run: it reads as
+        empty, as the tick's own node sums leave shadow models out (``Controller._tick``)."""
+        q = sa.select(DecisionRow.id, DecisionRow.model, DecisionRow.placement,
+                      DecisionRow.intent_outcome_detail).where(DecisionRow.actuate.is_(True))
         if after_id is None:
             latest = sa.select(sa.func.max(DecisionRow.id)).where(DecisionRow.actuate.is_(True)).group_by(DecisionRow.model)
             q = q.where(DecisionRow.id.in_(latest))
@@ -874,7 +877,8 @@ class Repository:
             q = q.where(DecisionRow.id > after_id)
         with self._read_lock, self._sessions() as s:
             rows = s.execute(q.order_by(DecisionRow.id)).all()
-        return [(int(i), str(m), {k: int(v) for k, v in (p or {}).items()}) for i, m, p in rows]
+        return [(int(i), str(m), {} if detail == SHADOW_DETAIL else {k: int(v) for k, v in (p or {}).items()})
+                for i, m, p, detail in rows]
 
     # --- overrides -----------------------------------------------------------------------------
 

@@ -183,6 +183,23 @@ def test_the_whole_daemon_in_shadow_mode_never_acts(tmp_path: Path) -> None:
         h.close()
 
 
+def test_a_shadow_placement_is_no_node_in_another_replicas_sums(tmp_path: Path) -> None:
+    """Sharded replicas add the acted-on placements of the models others own to their pools' node
+    sums (``Repository.acted_placements``). A shadow decision's placement never ran: it reads as
+    empty there, as the deciding replica's own node sums leave it out."""
+    from tests.integration.daemon_harness import build_harness
+
+    h = build_harness(tmp_path, config_updates={"mode": "shadow"})
+    try:
+        h.run(300)
+        rows = list(h.repo.all_decisions())
+        assert rows and all(sum(r["placement"].values()) > 0 for r in rows)  # it decided placements
+        assert h.repo.acted_placements() and all(p == {} for _, _, p in h.repo.acted_placements())
+        assert all(p == {} for _, _, p in h.repo.acted_placements(after_id=0))
+    finally:
+        h.close()
+
+
 def test_a_shadow_beside_a_real_hpa_object_is_not_refused_and_writes_no_scale(kube: KubePeer, tmp_path: Path,
                                                                                request: pytest.FixtureRequest) -> None:
     """With ScalingPolicy objects on, an HPA on a pool makes an acting policy leave the pool alone;
