@@ -11,8 +11,12 @@ journal's growth (its header line aside) divided by the decisions appended is
 ``bytes_per_decision``; ``hours`` is how long the chart's ``journalVolume`` (its ``sizeLimit`` in
 ``deploy/helm/tidegate/values.yaml``) holds the journal of N models at the tick interval (5 s);
 ``append_cpu_ms`` is the median CPU time of one append (encoding, compressing, writing, fsync).
+With ``--replay`` the journal is then replayed whole into a fresh SQLite log
+(``Repository.replay_journal`` without a budget, as at start): ``replay_ms_per_decision`` (wall),
+and ``hour_replay_s``, what replaying an hour's journal of N models in one go would take, the time
+a running daemon's tick would stop for without slices (``controller.db.recorder.REPLAY_SLICE_S``).
 
-    python bench/journal_size.py [--models 10 1000] [--warmup 400] [--ticks 12] [--json]
+    python bench/journal_size.py [--models 10 1000] [--warmup 400] [--ticks 12] [--replay] [--json]
 """
 
 from __future__ import annotations
@@ -47,9 +51,11 @@ def volume_bytes() -> int:
     return int(limit[:-2]) * UNITS[limit[-2:]]
 
 
-def measure(n: int, forecast: bool, warmup: int, ticks: int) -> dict[str, Any]:
+def measure(n: int, forecast: bool, warmup: int, ticks: int, replay: bool = False) -> dict[str, Any]:
     from controller.config import DaemonConfig
     from controller.db.journal import Journal
+    from controller.db.migrate import upgrade
+    from controller.db.repo import Repository
     from controller.runtime import build_runtime
     from providers.clock import ManualClock
 
@@ -85,11 +91,24 @@ def measure(n: int, forecast: bool, warmup: int, ticks: int) -> dict[str, Any]:
                     decisions += len(items)
         finally:
             rt.stop()
+        extra: dict[str, Any] = {}
+        if replay:
+            url = f"sqlite:///{tmp}/replay.db"
+            upgrade(url)
+            repo = Repository(url)
+            try:
+                t = time.perf_counter()
+                written = repo.replay_journal(journal.journal_id() or "bench", journal.read_from, clock.now()).written
+                per = (time.perf_counter() - t) / max(written, 1)
+            finally:
+                repo.close()
+            extra = {"replay_ms_per_decision": round(per * 1000, 3),
+                     "hour_replay_s": round(per * n * 3600 / interval, 1)}
     per_decision = grown / max(decisions, 1)
     return {"models": n, "policy": "demo + forecast" if forecast else "demo", "decisions": decisions,
             "bytes_per_decision": round(per_decision), "bytes_per_tick": round(per_decision * n),
             "hours": round(volume_bytes() / (per_decision * n) * interval / 3600, 1),
-            "append_cpu_ms": round(statistics.median(cpu) * 1000, 1)}
+            "append_cpu_ms": round(statistics.median(cpu) * 1000, 1), **extra}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,16 +117,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=400, help="ticks before measuring (default 400: the forecast's "
                                                                "history full)")
     ap.add_argument("--ticks", type=int, default=12, help="ticks appended (default 12: one minute at 5 s)")
+    ap.add_argument("--replay", action="store_true", help="also replay each journal whole into a fresh SQLite log")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
-    runs = [measure(n, f, args.warmup, args.ticks) for n in args.models for f in (False, True)]
+    runs = [measure(n, f, args.warmup, args.ticks, args.replay) for n in args.models for f in (False, True)]
     if args.json:
         print(json.dumps({"volume_bytes": volume_bytes(), "runs": runs}))
     else:
         for r in runs:
             print(f"{r['models']:>6} models  {r['policy']:<16} {r['bytes_per_decision']:>6} bytes/decision  "
                   f"{r['bytes_per_tick']:>8} bytes/tick  {r['hours']:>7} h in {volume_bytes() // 2**20} MiB  "
-                  f"append {r['append_cpu_ms']} ms CPU")
+                  f"append {r['append_cpu_ms']} ms CPU"
+                  + (f"  replay {r['replay_ms_per_decision']} ms/decision, an hour's journal {r['hour_replay_s']} s"
+                     if "hour_replay_s" in r else ""))
     return 0
 
 

@@ -21,11 +21,13 @@ started it (``version``; readers go by each line's ``kind``). Every later line i
   "applied_replicas": ...}``: what came of an intent; ``ID`` is a handle of this journal or the
   id of a decision already in the database.
 
-When the database answers again the recorder replays the entries in file order in one transaction
+When the database answers again the recorder replays the entries in file order
 (``Repository.replay_journal``, which decodes them a line at a time as it writes them: nothing is
-decoded while the database is away) that also records the journal's id, and only then removes the
-file: a daemon killed between the commit and the removal finds the id already replayed and removes
-the file without writing its entries twice. A line torn by a crash during its own append (the
+decoded while the database is away): whole at start, a slice a tick while the daemon runs, each
+slice in one transaction that also records the journal's id and the byte offset it reached, and
+only once the last is committed removes the file: a daemon killed between a commit and the next
+slice, or the removal, goes on from that offset without writing any entry twice. A slice ends
+only before a tick's intents line, so the outcomes it holds name intents it holds. A line torn by a crash during its own append (the
 intents it held were never acted on: acting waits for the append to return) is skipped with a
 warning; the next append starts on a line of its own. An append the disk refuses (full, read-only)
 raises ``OSError`` and leaves the file as it was (best effort: a short write is cut back), so the
@@ -41,7 +43,7 @@ import os
 import stat
 import uuid
 import zlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -51,7 +53,7 @@ from controller.logs import log
 
 logger = logging.getLogger("tidegate.journal")
 
-__all__ = ["Journal"]
+__all__ = ["Journal", "JournalLine"]
 
 VERSION = 2
 """The format this daemon starts journals in: a tick's intents one line (``kind: intents``)."""
@@ -72,6 +74,17 @@ def _this_tick(d: Decision) -> Decision:
     return replace(d, history=History(recommendations=tuple(p for p in h.recommendations if p[0] == d.at),
                                       scale_events=tuple(e for e in h.scale_events if e.at == d.at),
                                       rule_state=h.rule_state))
+
+
+@dataclass(frozen=True)
+class JournalLine:
+    """One line of a journal, read: its entries (none for the header or a torn line), the byte
+    offset just after it, and whether it is a tick's intents (``kind: intents``). A replay may
+    stop before such a line: the outcomes of the lines before it name only intents before it."""
+
+    end: int
+    tick: bool
+    entries: list[dict[str, Any]]
 
 
 class Journal:
@@ -105,33 +118,52 @@ class Journal:
         ``dry_run``, ``decision`` and ``signals`` as JSON, ``skipped`` where set) or outcome,
         whichever format the lines are in; decoded as they are read, one line at a time (a
         replay holds one tick's decisions, not the whole journal)."""
-        for entry in self._lines():
-            if "journal" in entry:
-                continue
-            if entry.get("kind") == "intents":
-                yield from ({"kind": "intent", "handle": int(entry["handle"]) - k, "dry_run": entry["dry_run"], **item}
-                            for k, item in enumerate(_unpack(entry["z"])))
-            elif "z" in entry:
-                yield {**{k: v for k, v in entry.items() if k != "z"}, **_unpack(entry["z"])}
-            else:
-                yield entry
+        for line in self.read_from(0):
+            yield from line.entries
 
-    def _lines(self) -> Iterator[dict[str, Any]]:
-        """Each whole line, parsed (its intents still packed); a torn one is skipped with a warning."""
+    def read_from(self, offset: int) -> Iterator[JournalLine]:
+        """The lines from byte ``offset`` (the start of a line: 0, or a ``JournalLine.end``) on,
+        each with its entries decoded as it is read (:meth:`entries`'s)."""
+        for end, doc in self._lines(offset):
+            if doc is None or "journal" in doc:
+                yield JournalLine(end, False, [])
+            elif doc.get("kind") == "intents":
+                yield JournalLine(end, True, [
+                    {"kind": "intent", "handle": int(doc["handle"]) - k, "dry_run": doc["dry_run"], **item}
+                    for k, item in enumerate(_unpack(doc["z"]))])
+            elif "z" in doc:
+                yield JournalLine(end, False, [{**{k: v for k, v in doc.items() if k != "z"}, **_unpack(doc["z"])}])
+            else:
+                yield JournalLine(end, False, [doc])
+
+    def size(self) -> int:
+        """Bytes in the journal (0: none)."""
+        return self.path.stat().st_size if self.exists() else 0
+
+    def _lines(self, offset: int = 0) -> Iterator[tuple[int, dict[str, Any] | None]]:
+        """Each line from byte ``offset``, parsed (its intents still packed), with the offset just
+        after it; a torn one is ``None``, with a warning."""
         if not self.exists():
             return
-        with open(self.path, encoding="utf-8") as f:
-            for n, line in enumerate(f, start=1):
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            end = offset
+            for raw in f:
+                start, end = end, end + len(raw)
                 try:
-                    yield dict(json.loads(line))
-                except json.JSONDecodeError:
-                    log(logger, logging.WARNING, "journal line torn by a crash; skipped", path=str(self.path), line=n)
+                    yield end, dict(json.loads(raw))
+                except (ValueError, TypeError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+                    log(logger, logging.WARNING, "journal line torn by a crash; skipped", path=str(self.path),
+                        offset=start)
+                    yield end, None
 
     def _lowest_handle(self) -> int:
         """The lowest handle the journal's intents hold (0: none), from the lines' ``handle`` and
         ``n`` (intents are not decoded)."""
         low = 0
-        for entry in self._lines():
+        for _, entry in self._lines():
+            if entry is None:
+                continue
             if entry.get("kind") == "intents":
                 low = min(low, int(entry["handle"]) - int(entry["n"]) + 1)
             elif entry.get("kind") == "intent":

@@ -266,15 +266,21 @@ class PolicyVersionRow(Base):
 
 
 class JournalReplayRow(Base):
-    """A local journal (intents written while the database was away) that has been replayed:
-    committed in the same transaction as its rows, so a journal is replayed exactly once even when
-    the daemon dies between the commit and the journal's removal."""
+    """A local journal (intents written while the database was away) being or been replayed:
+    committed in the same transaction as each slice of its rows, so a journal is replayed exactly
+    once even when the daemon dies between a commit and the next slice, or the journal's removal."""
 
     __tablename__ = "journal_replays"
 
     journal_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
     replayed_at: Mapped[datetime]
+    """When the last slice was written."""
     entries: Mapped[int] = mapped_column(sa.Integer)
+    """Entries (intents and outcomes) written so far."""
+    next_offset: Mapped[int] = mapped_column(sa.BigInteger, server_default="0")
+    """Byte offset in the journal of the first line not written yet."""
+    complete: Mapped[bool] = mapped_column(sa.Boolean, server_default=sa.true())
+    """Every line was written (the journal may then be removed)."""
 
 
 class RollupRow(Base):

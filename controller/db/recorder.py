@@ -6,7 +6,13 @@ transaction for the intents, one for the outcomes. When the database refuses an 
 reason of its own (unreachable, disk full: SQLAlchemy's ``OperationalError`` / ``InterfaceError``)
 and a journal is configured, the intents are appended to it and returned as ``journaled`` (the
 controller then acts on growing pools only); outcomes follow their intents there. Before reading
-or writing anything the recorder replays a waiting journal, so the log keeps the order of events.
+or writing anything the recorder replays a waiting journal, so the log keeps the order of events:
+whole at start (the history is rebuilt from the log), and in slices of about ``REPLAY_SLICE_S`` a
+tick while the daemon runs, so a long outage's journal does not stop its ticks (``python
+bench/journal_size.py --replay``: about 0.2 ms a decision, so written whole an hour's journal of
+1,000 models would hold one tick over two minutes). Until
+the last slice is written the tick's own intents go on to the journal behind it, and the tick acts
+on growing pools only, as during the outage.
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ from controller.db.repo import Repository
 from controller.logs import log
 
 logger = logging.getLogger("tidegate.recorder")
+
+REPLAY_SLICE_S = 1.0
+"""About how long a running daemon's tick spends replaying a journal (``Repository.replay_journal``'s
+budget); the rest waits for the next tick."""
 
 UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError)
 """The database's own failures (cannot connect, connection lost, disk full): an intent it refuses
@@ -47,7 +57,7 @@ class RepositoryRecorder:
         return self.repo.rebuild_histories(horizons, now)
 
     def flush(self, now: datetime) -> bool:
-        return self.replay(now)
+        return self.replay(now, whole=True)
 
     def overrides(self, now: datetime) -> Sequence[Override]:
         return self.repo.active_overrides(now)
@@ -100,19 +110,26 @@ class RepositoryRecorder:
             log(logger, logging.WARNING, "database refused the outcomes; journaled locally", error=_words(e))
             self.journal.append_outcomes(rows)
 
-    def replay(self, now: datetime) -> bool:
-        """Replay a waiting journal into the database and remove it; True when no journal waits
-        (now or any more), False while the database still refuses it."""
+    def replay(self, now: datetime, whole: bool = False) -> bool:
+        """Replay a waiting journal into the database and remove it once written whole; True when
+        no journal waits (now or any more), False while the database still refuses it or, unless
+        ``whole``, while a slice of about ``REPLAY_SLICE_S`` left some of it for the next tick."""
         if self.journal is None or not self.journal.exists():
             return True
         journal_id = self.journal.journal_id() or self.journal.path.name
         try:  # the entries are decoded only once the database answers: not at every tick of an outage
-            written = self.repo.replay_journal(journal_id, self.journal.entries(), now)
+            progress = self.repo.replay_journal(journal_id, self.journal.read_from, now,
+                                                budget_s=None if whole else REPLAY_SLICE_S)
         except UNAVAILABLE as e:
             log(logger, logging.DEBUG, "journal not replayed yet: database unavailable", error=_words(e))
             return False
+        if not progress.complete:
+            log(logger, logging.INFO, "journal replay goes on next tick", journal=journal_id,
+                decisions=progress.written, journal_bytes=self.journal.size())
+            return False
         self.journal.remove()
-        log(logger, logging.INFO, "journal replayed into the decision log", journal=journal_id, decisions=written)
+        log(logger, logging.INFO, "journal replayed into the decision log", journal=journal_id,
+            decisions=progress.written)
         return True
 
 

@@ -18,8 +18,8 @@ tick). :meth:`Repository.rebuild_history` folds the rows within a horizon back i
 
 from __future__ import annotations
 
-import itertools
 import threading
+import time
 import zlib
 from dataclasses import dataclass
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -46,6 +46,7 @@ from controller.core.model import (
 )
 from controller.controller import SHADOW_DETAIL
 from controller.db import codec, payload, rollup
+from controller.db.journal import JournalLine
 from controller.db.models import (
     OUTCOMES,
     ActionRow,
@@ -151,6 +152,15 @@ class _Chain:
 _REPLAY_BATCH = 1000
 """Journal entries a replay decodes and writes at a time (a tick of 1,000 models): what it holds in
 memory besides the handles, however long the outage the journal covers."""
+
+@dataclass(frozen=True)
+class ReplayProgress:
+    """What one :meth:`Repository.replay_journal` call did: decisions written, and whether the
+    journal is now written whole (it may be removed)."""
+
+    written: int
+    complete: bool
+
 
 _NEWEST_PER_QUERY = 500
 """Models whose newest decision one query looks up (SQLite allows 2,000 result columns)."""
@@ -440,34 +450,68 @@ class Repository:
         if steps:  # reconciliation's scale steps (rare: after a restart or a refused outcome)
             s.execute(sa.update(DecisionRow), steps)
 
-    def replay_journal(self, journal_id: str, entries: Iterable[Mapping[str, Any]], now: datetime) -> int:
-        """Write a local journal's entries (``controller.db.journal``) in order, in one
-        transaction that also records ``journal_id``; returns the number of decisions written, 0
-        when this journal was replayed before (exactly once, whatever crashes in between).
-        ``entries`` is read once, in order, and only once the database has answered (a journal's
-        entries are decoded as they are read: nothing is decoded while the database is away),
-        ``_REPLAY_BATCH`` at a time."""
+    def replay_journal(self, journal_id: str, read_from: Callable[[int], Iterable[JournalLine]], now: datetime,
+                       budget_s: float | None = None) -> ReplayProgress:
+        """Write a local journal's lines (``controller.db.journal``) in order, from where an
+        earlier call stopped, in one transaction that also records how far it came
+        (``journal_replays``): exactly once, whatever crashes in between. ``read_from(offset)``
+        reads the lines from a byte offset, decoding each as it is read (nothing is decoded while
+        the database is away). With ``budget_s`` the call stops before the first tick's line it
+        reaches after that many seconds, having written at least two ticks' lines (more than the
+        tick that replays it appends behind: the journal drains however slow a slice): a running daemon replays a
+        long journal a slice a tick (``Recorder.replay``) instead of stopping its ticks for the
+        whole of it; without, it writes every line. Entries go in ``_REPLAY_BATCH`` at a time."""
+        deadline = None if budget_s is None else time.monotonic() + budget_s
         handles: dict[int, int] = {}
-        written = count = 0
         chains: dict[str, _Chain] = {}
+        written = count = 0
+        buffer: list[Mapping[str, Any]] = []
+
+        def flush(s: Session) -> None:
+            nonlocal written
+            if not buffer:
+                return
+            if buffer[0]["kind"] == "intent":
+                new_ids = self._replay_intents(s, buffer, chains)
+                handles.update(zip((int(e["handle"]) for e in buffer), new_ids))
+                written += len(buffer)
+            else:
+                self._write_outcomes(s, [
+                    (handles[key] if (key := int(e["decision_id"])) < 0 else key,
+                     [codec.action_from_json(a) for a in e["actions"]], e["outcome"], e.get("detail"),
+                     e.get("applied_replicas")) for e in buffer], None)
+            buffer.clear()
+
         with self._lock, self._sessions.begin() as s:
-            if s.get(JournalReplayRow, journal_id) is not None:
-                return 0
-            for kind, run in itertools.groupby(entries, key=lambda e: e["kind"]):
-                while batch := list(itertools.islice(run, _REPLAY_BATCH)):
-                    count += len(batch)
-                    if kind == "intent":
-                        new_ids = self._replay_intents(s, batch, chains)
-                        handles.update(zip((int(e["handle"]) for e in batch), new_ids))
-                        written += len(batch)
-                        continue
-                    self._write_outcomes(s, [
-                        (handles[key] if (key := int(e["decision_id"])) < 0 else key,
-                         [codec.action_from_json(a) for a in e["actions"]], e["outcome"], e.get("detail"),
-                         e.get("applied_replicas")) for e in batch], None)
-            s.add(JournalReplayRow(journal_id=journal_id, replayed_at=now, entries=count))
+            row = s.get(JournalReplayRow, journal_id)
+            if row is not None and row.complete:
+                return ReplayProgress(0, True)
+            start = 0 if row is None else int(row.next_offset)
+            end, complete = start, True
+            ticks = 0
+            for line in read_from(start):
+                if line.tick:
+                    # at least two ticks a slice: more than the tick that replays it adds behind
+                    if deadline is not None and ticks >= 2 and time.monotonic() >= deadline:
+                        complete = False  # the outcomes before this line name only intents before it
+                        break
+                    ticks += 1
+                for e in line.entries:
+                    if buffer and (buffer[0]["kind"] == "intent") != (e["kind"] == "intent"):
+                        flush(s)
+                    buffer.append(e)
+                    count += 1
+                    if len(buffer) >= _REPLAY_BATCH:
+                        flush(s)
+                end = line.end
+            flush(s)
+            if row is None:
+                s.add(JournalReplayRow(journal_id=journal_id, replayed_at=now, entries=count, next_offset=end,
+                                       complete=complete))
+            else:
+                row.replayed_at, row.entries, row.next_offset, row.complete = now, row.entries + count, end, complete
         self._chains.update(chains)
-        return written
+        return ReplayProgress(written, complete)
 
     def _replay_intents(self, s: Session, intents: Sequence[Mapping[str, Any]], chains: dict[str, _Chain]) -> list[int]:
         """Insert a batch of a journal's intents; ``chains``: the payload chains of the replay's
@@ -484,11 +528,12 @@ class Repository:
         return new_ids
 
     def list_journal_replays(self) -> list[dict[str, Any]]:
-        """Journals replayed into this log, newest first: ``journal_id``, ``replayed_at``, ``entries``."""
+        """Journals replayed (or being replayed) into this log, newest first: ``journal_id``,
+        ``replayed_at`` (its last slice), ``entries`` (so far), ``complete``."""
         q = sa.select(JournalReplayRow).order_by(JournalReplayRow.replayed_at.desc())
         with self._read_lock, self._sessions() as s:
-            return [{"journal_id": r.journal_id, "replayed_at": _iso(r.replayed_at), "entries": r.entries}
-                    for r in s.scalars(q)]
+            return [{"journal_id": r.journal_id, "replayed_at": _iso(r.replayed_at), "entries": r.entries,
+                     "complete": r.complete} for r in s.scalars(q)]
 
     def pending_decisions(self, models: Sequence[str] | None = None, *,
                           since: datetime | None = None) -> list[dict[str, Any]]:

@@ -44,7 +44,7 @@ def test_record_tick_bench_writes_a_captured_tick_and_prints_its_cost() -> None:
 
 def test_journal_size_bench_prints_the_bytes_and_hours_of_each_run() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "journal_size.py"), "--models", "2", "--warmup", "2",
-                           "--ticks", "2", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                           "--ticks", "2", "--replay", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert out["volume_bytes"] > 0  # the chart's journalVolume
@@ -53,3 +53,5 @@ def test_journal_size_bench_prints_the_bytes_and_hours_of_each_run() -> None:
         # the second tick's two decisions (the first append also writes the journal's header)
         assert run["decisions"] == 2 and run["bytes_per_decision"] > 0 and run["bytes_per_tick"] > 0
         assert run["hours"] > 0 and run["append_cpu_ms"] >= 0
+        # replayed whole: both ticks' decisions went in, at some cost each
+        assert run["replay_ms_per_decision"] > 0 and run["hour_replay_s"] > 0

@@ -23,7 +23,7 @@ from controller.core.model import Action, ActionStatus, Decision, ModelSignals
 from controller.db import codec
 from controller.db.journal import Journal
 from controller.db.recorder import RepositoryRecorder
-from controller.db.repo import Repository
+from controller.db.repo import ReplayProgress, Repository
 from tests.integration.test_db_repo import decision_for, signals_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -156,3 +156,90 @@ def test_an_append_the_disk_cuts_short_is_refused_whole(tmp_path: Path) -> None:
     assert proc.stdout.split() == [str(errno.EFBIG)], proc.stdout
     assert path.read_bytes() == before
     assert [e["handle"] for e in Journal(path).entries()] == [-1, -2]
+
+
+def _journal_of_ticks(path: Path, ticks: int, models: int) -> Journal:
+    """A journal of ``ticks`` ticks of ``models`` models, each tick's intents then their outcomes,
+    as the recorder appends them during an outage."""
+    journal = Journal(path)
+    for k in range(ticks):
+        handles = journal.append_intents(tick_items(models, T0 + timedelta(seconds=5 * k)), dry_run=False)
+        journal.append_outcomes([(h, [], "applied", None, None) for h in handles])
+    return journal
+
+
+def test_a_long_journal_is_replayed_a_slice_at_a_time_exactly_once_in_order(
+        tmp_path: Path, migrated_db_url: str) -> None:
+    """A running daemon replays a journal in slices (``budget_s``: here none, so each call writes
+    the least it may, two ticks' lines): each slice is committed with the offset it reached,
+    a repository opened afresh (a daemon killed between two slices) goes on from there, and in the
+    end every decision is in the log once, in the journal's order, with its outcome."""
+    journal = _journal_of_ticks(tmp_path / "journal.jsonl", ticks=5, models=3)
+    jid = journal.journal_id()
+    assert jid is not None
+    progress = []
+    while True:
+        repo = Repository(migrated_db_url)  # a new daemon each slice
+        try:
+            p = repo.replay_journal(jid, Journal(journal.path).read_from, T0, budget_s=0.0)
+            progress.append((p.written, p.complete))
+            replays = repo.list_journal_replays()
+            rows = list(repo.all_decisions())
+        finally:
+            repo.close()
+        assert replays == [{"journal_id": jid, "replayed_at": replays[0]["replayed_at"],
+                            "entries": min(12 * len(progress), 30), "complete": p.complete}]
+        assert len(rows) == min(6 * len(progress), 15)  # whole ticks, never a part of one
+        if p.complete:
+            break
+    assert progress == [(6, False), (6, False), (3, True)]
+    assert [(r["model"], r["at"]) for r in sorted(rows, key=lambda r: r["id"])] == [
+        (f"m{m}", (T0 + timedelta(seconds=5 * k)).isoformat()) for k in range(5) for m in range(3)]
+    assert {r["outcome"] for r in rows} == {"applied"}
+    repo = Repository(migrated_db_url)
+    try:  # written whole: a daemon that died before removing the file writes nothing again
+        assert repo.replay_journal(jid, journal.read_from, T0, budget_s=0.0) == ReplayProgress(0, True)
+        assert len(list(repo.all_decisions())) == 15
+    finally:
+        repo.close()
+
+
+def test_ticks_go_on_while_a_long_journal_drains_their_intents_queued_behind_it(
+        tmp_path: Path, migrated_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the rest of a journal waits for the next slice, a tick's intents go on to the journal
+    behind it (returned ``journaled``: the tick grows pools only), so the log keeps the order of
+    events; the tick after the last slice writes to the database again and the file is gone."""
+    monkeypatch.setattr("controller.db.recorder.REPLAY_SLICE_S", 0.0)  # two ticks' lines a slice
+    journal = _journal_of_ticks(tmp_path / "journal.jsonl", ticks=5, models=2)
+    recorder = RepositoryRecorder(Repository(migrated_db_url), journal)
+    try:
+        journaled = []
+        for k in range(5, 11):
+            at = T0 + timedelta(seconds=5 * k)
+            recorded = recorder.intents(tick_items(2, at), dry_run=False)
+            recorder.outcomes([Outcome(i, [], "applied") for i in recorded.ids])
+            journaled.append(recorded.journaled)
+            if not recorded.journaled:
+                break
+        # 5 ticks waiting; each tick writes two and adds one behind (4, 3, 2 wait after it), the
+        # fourth writes the last two and its own intents go to the database
+        assert journaled == [True] * 3 + [False] and not journal.exists()
+        rows = sorted(recorder.repo.all_decisions(), key=lambda r: r["id"])
+        assert [r["at"] for r in rows] == sorted(r["at"] for r in rows) and len(rows) == 18
+        assert {r["outcome"] for r in rows} == {"applied"}
+
+    finally:
+        recorder.repo.close()
+
+
+def test_at_start_a_journal_is_replayed_whole(tmp_path: Path, migrated_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At start the history is rebuilt from the log, so the journal goes in whole first
+    (``flush``), whatever the slice."""
+    monkeypatch.setattr("controller.db.recorder.REPLAY_SLICE_S", 0.0)
+    journal = _journal_of_ticks(tmp_path / "journal.jsonl", ticks=5, models=2)
+    recorder = RepositoryRecorder(Repository(migrated_db_url), journal)
+    try:
+        assert recorder.flush(T0) and not journal.exists()
+        assert len(list(recorder.repo.all_decisions())) == 10
+    finally:
+        recorder.repo.close()

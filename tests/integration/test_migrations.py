@@ -129,6 +129,27 @@ def test_downgrade_to_base_then_upgrade_again(db_url: str) -> None:
     assert _diff(db_url, Base.metadata) == []
 
 
+def test_downgrade_past_a_journal_replay_in_progress_is_refused_with_what_to_do(db_url: str) -> None:
+    """Before 0004 a ``journal_replays`` row meant "replayed whole": downgrading while a journal is
+    half replayed would let the older daemon drop its unwritten rest. Refused, saying what to do;
+    once it is complete the downgrade goes through."""
+    upgrade(db_url)
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO journal_replays (journal_id, replayed_at, entries, next_offset, complete) "
+                                 "VALUES ('j1', '2026-11-24 15:00:00', 12, 4096, :no)"), {"no": False})
+        with pytest.raises(RuntimeError, match=r"journal replay in progress \(j1\).*until its journal is replayed"):
+            downgrade(db_url, "0003_decision_outcomes")
+        assert current_revision(db_url) == head_revision()
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE journal_replays SET complete = :yes"), {"yes": True})
+    finally:
+        engine.dispose()
+    downgrade(db_url, "0003_decision_outcomes")
+    assert current_revision(db_url) == "0003_decision_outcomes"
+
+
 def test_check_refuses_a_database_not_at_head(db_url: str) -> None:
     with pytest.raises(SchemaNotCurrentError, match="tidegate db upgrade"):
         check(db_url)

@@ -44,7 +44,7 @@ from controller.daemon import TickReport
 from controller.core.model import History, ScaleEvent
 from controller.db.journal import Journal
 from controller.db.migrate import upgrade
-from controller.db.repo import Repository, make_engine
+from controller.db.repo import ReplayProgress, Repository, make_engine
 from controller.runtime import Runtime, build_runtime
 from providers.clock import ManualClock
 from tests.integration.daemon_process import FileLoad
@@ -383,7 +383,8 @@ def test_postgresql_stopped_mid_run_loses_no_decision_and_releases_nothing(
         held = repo.get_decision(gap_rows[3]["id"]) or {}
         assert held["outcome"] in ("skipped", "partial") and "not released" in (held["outcome_detail"] or "")
         # replaying the same journal again (a kill between the commit and the removal) adds nothing
-        assert repo.replay_journal(repo.list_journal_replays()[0]["journal_id"], [], clock.now()) == 0
+        assert repo.replay_journal(repo.list_journal_replays()[0]["journal_id"], lambda offset: [], clock.now()
+                                   ) == ReplayProgress(0, True)
     finally:
         rt.stop()
 
