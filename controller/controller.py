@@ -118,6 +118,9 @@ class RecordedIntents:
 
     ids: Sequence[int]
     journaled: bool = False
+    behind_replay: bool = False
+    """Journaled because an earlier journal is still being replayed (a slice a tick), not because
+    the database refused them."""
 
 
 @dataclass(frozen=True)
@@ -210,7 +213,11 @@ class TickReport:
     transient_failures: int = 0
     """Provider calls that failed with a retryable error (the daemon backs off on them)."""
     journaled: bool = False
-    """The tick's intents went to the local journal (the database could not take them)."""
+    """The tick's intents went to the local journal (the database could not take them, or
+    ``behind_replay``)."""
+    behind_replay: bool = False
+    """They went there behind a journal still being replayed a slice a tick (the database took
+    the slice)."""
 
     @property
     def ok(self) -> bool:
@@ -572,6 +579,7 @@ class Controller:
             return report
         ids = dict(zip(decisions, recorded.ids))
         report.journaled = recorded.journaled
+        report.behind_replay = recorded.behind_replay
         placements = self._placements(decisions, grow_only=recorded.journaled)
         for n, p in (others or {}).items():  # models other replicas act on share the node groups
             placements.setdefault(n, p)

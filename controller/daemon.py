@@ -294,7 +294,7 @@ class Daemon:
             self.standby = False
             self.controller.forget_history()
         report = self.controller.tick(now, paused=self.paused)
-        if report.journaled:
+        if report.journaled and not report.behind_replay:
             self._note("database", "decisions journaled locally: the database refused them", now, critical=True)
         self._finish_tick(report, now, report.transient_failures)
         return report

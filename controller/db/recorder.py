@@ -48,6 +48,8 @@ class RepositoryRecorder:
         self.repo = repo
         self.journal = journal
         self._settled: dict[int, str] = {}
+        self.replaying = False
+        """The database took the last replay's slice, and more of the journal waits for the next."""
         """Intents stored ``skipped`` at once (decisions that act on nothing: those that do not
         actuate, and shadow decisions), with their detail."""
 
@@ -90,7 +92,8 @@ class RepositoryRecorder:
                 log(logger, logging.WARNING, "database refused the intents; journaled locally, only scale-ups act",
                     error=_words(e), journal=str(self.journal.path), decisions=len(items))
         assert self.journal is not None  # replay() is True without one
-        return RecordedIntents(self.journal.append_intents(items, dry_run, skipped), journaled=True)
+        return RecordedIntents(self.journal.append_intents(items, dry_run, skipped), journaled=True,
+                               behind_replay=self.replaying)
 
     def outcomes(self, items: Sequence[Outcome]) -> None:
         # a decision that acts on nothing (no actuation, or a shadow's) was stored skipped with its intent
@@ -114,6 +117,7 @@ class RepositoryRecorder:
         """Replay a waiting journal into the database and remove it once written whole; True when
         no journal waits (now or any more), False while the database still refuses it or, unless
         ``whole``, while a slice of about ``REPLAY_SLICE_S`` left some of it for the next tick."""
+        self.replaying = False
         if self.journal is None or not self.journal.exists():
             return True
         journal_id = self.journal.journal_id() or self.journal.path.name
@@ -124,6 +128,7 @@ class RepositoryRecorder:
             log(logger, logging.DEBUG, "journal not replayed yet: database unavailable", error=_words(e))
             return False
         if not progress.complete:
+            self.replaying = True
             log(logger, logging.INFO, "journal replay goes on next tick", journal=journal_id,
                 decisions=progress.written, journal_bytes=self.journal.size())
             return False

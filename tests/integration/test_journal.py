@@ -76,7 +76,7 @@ def test_a_shadow_decision_journaled_while_the_database_is_away_is_replayed_skip
     recorder = RepositoryRecorder(Repository("postgresql+psycopg://postgres@127.0.0.1:9/none?connect_timeout=1"),
                                   journal)
     recorded = recorder.intents(tick_items(2, T0), dry_run=False, shadow={"m0"})
-    assert recorded.journaled
+    assert recorded.journaled and not recorded.behind_replay  # the database refused them
     shadow, acting = recorded.ids
     recorder.outcomes([Outcome(shadow, [], "skipped", SHADOW_DETAIL), Outcome(acting, [], "applied")])
     assert [(e["kind"], e.get("handle", e.get("decision_id"))) for e in journal.entries()] == [
@@ -218,12 +218,13 @@ def test_ticks_go_on_while_a_long_journal_drains_their_intents_queued_behind_it(
             at = T0 + timedelta(seconds=5 * k)
             recorded = recorder.intents(tick_items(2, at), dry_run=False)
             recorder.outcomes([Outcome(i, [], "applied") for i in recorded.ids])
-            journaled.append(recorded.journaled)
+            journaled.append((recorded.journaled, recorded.behind_replay))
             if not recorded.journaled:
                 break
         # 5 ticks waiting; each tick writes two and adds one behind (4, 3, 2 wait after it), the
         # fourth writes the last two and its own intents go to the database
-        assert journaled == [True] * 3 + [False] and not journal.exists()
+        # behind a replay, not refused: the daemon says so, and stays ready (``Daemon._tick``)
+        assert journaled == [(True, True)] * 3 + [(False, False)] and not journal.exists()
         rows = sorted(recorder.repo.all_decisions(), key=lambda r: r["id"])
         assert [r["at"] for r in rows] == sorted(r["at"] for r in rows) and len(rows) == 18
         assert {r["outcome"] for r in rows} == {"applied"}
