@@ -124,10 +124,10 @@ class Daemon:
         self._state_lock = threading.RLock()
         oc = config.onprem_cost
         jp = config.database.journal_path
-        journal = None if jp is None else Journal(jp)
+        self.recorder = RepositoryRecorder(repo, None if jp is None else Journal(jp))
         self.controller = Controller(
             models=self.models, pools=self.pools, clock=clock, metrics_source=metrics_source,
-            pool_providers=pool_providers, price_source=price_source, recorder=RepositoryRecorder(repo, journal),
+            pool_providers=pool_providers, price_source=price_source, recorder=self.recorder,
             policies=self.policy_store.policies, dry_run=config.dry_run if dry_run is None else dry_run,
             onprem_cost=None if oc is None else OnPremCost(oc.capital_usd_per_gpu_hour, oc.energy_usd_per_kwh,
                                                            oc.pue, oc.assumed_gpu_power_kw),
@@ -312,7 +312,17 @@ class Daemon:
         self._finish_tick(report, now, report.transient_failures)
         return report
 
+    def journal_status(self) -> dict[str, Any] | None:
+        """The local journal (``None``: none configured): its path, the bytes waiting in it to be
+        replayed into the decision log, and whether a replay is under way (a slice a tick)."""
+        journal = self.recorder.journal
+        if journal is None:
+            return None
+        return {"path": str(journal.path), "bytes": journal.size(), "replaying": self.recorder.replaying}
+
     def _finish_tick(self, report: TickReport, now: datetime, transient_failures: int) -> None:
+        journal = self.recorder.journal
+        self.metrics.journal_bytes.set(0 if journal is None else journal.size())
         with self._state_lock:
             self.last_tick_at = now
             self.last_errors = dict(report.errors)
@@ -425,7 +435,7 @@ class Daemon:
             return status_json(now=now, paused=self.paused, dry_run=self.dry_run, models=self.models, pools=self.pools,
                                decisions=ctl.last_decisions, signals=ctl.last_signals,
                                decision_ids=ctl.last_decision_ids, policies=policies, overrides=overrides,
-                               degraded=degraded)
+                               degraded=degraded, journal=self.journal_status())
 
     # ------------------------------------------------------------------ scheduling
     def start(self, wall_interval_s: float | None = None, policy_reload_s: float | None = None) -> None:

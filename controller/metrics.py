@@ -181,6 +181,7 @@ class DaemonMetrics:
         self.policy_reload_errors = Counter("tidegate_policy_reload_errors", "Policy files rejected at load or reload.", registry=r)
         self.paused = Gauge("tidegate_paused", "1 while actuation is paused by an operator.", registry=r)
         self.leader = Gauge("tidegate_leader", "1 while this daemon instance actuates (leader, or holder of at least one bucket when sharded).", registry=r)
+        self.journal_bytes = Gauge("tidegate_journal_bytes", "Bytes in the local journal waiting to be replayed into the decision log (intents written while the database was away); 0 when none waits.", registry=r)
         self.buckets_held = Gauge("tidegate_buckets_held", "Buckets (model shards) this daemon holds and acts on; with leader_election.buckets 1, 1 on the leader.", registry=r)
 
         def fam(name: str, doc: str, *labels: str, counter: bool = False) -> ModelFamily:

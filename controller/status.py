@@ -53,11 +53,13 @@ def status_json(*, now: datetime, paused: bool, dry_run: bool, models: Mapping[s
                 pools: Mapping[str, PoolSpec], decisions: Mapping[str, Decision],
                 signals: Mapping[str, ModelSignals], decision_ids: Mapping[str, int],
                 policies: Mapping[str, EffectivePolicy], overrides: Sequence[Override],
-                degraded: Mapping[str, str]) -> dict[str, Any]:
+                degraded: Mapping[str, str], journal: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``/v1/status``: the daemon's state, its local journal (``Daemon.journal_status``: ``None``
+    when none is configured) and each model's."""
     by_model: dict[str, list[Override]] = {}
     for o in overrides:
         by_model.setdefault(o.model, []).append(o)
-    return {"at": now.isoformat(), "paused": paused, "dry_run": dry_run, "models": {
+    return {"at": now.isoformat(), "paused": paused, "dry_run": dry_run, "journal": journal, "models": {
         name: model_json(model, pools, decisions.get(name), signals.get(name), decision_ids.get(name),
                          policies.get(name), by_model.get(name, ()), degraded.get(name))
         for name, model in models.items()}}

@@ -367,12 +367,19 @@ def test_postgresql_stopped_mid_run_loses_no_decision_and_releases_nothing(
         gap = [tick(rt, clock, fleet, q) for q in (12, 12, 12, 2, 2, 2)]
         assert all(r.journaled for r in gap), [r.errors for r in gap]
         assert journal.exists()
+        # users see it: the daemon's own metrics (and /v1/status, once it can read the log) show
+        # what waits in the journal
+        waiting = journal.stat().st_size
+        assert rt.daemon.journal_status() == {"path": str(journal), "bytes": waiting, "replaying": False}
+        assert f"tidegate_journal_bytes {float(waiting)}" in rt.daemon.metrics.render().decode()
         assert fleet.replica_history() == [4, 12], "the scale-up happened, nothing was released"
         assert gap[3].decisions["llama"].replicas < 12, "a scale-down was decided in the gap"
         own_postgres.start()
         back = tick(rt, clock, fleet, 2)
         assert back.ok and not back.journaled, back.errors
         assert not journal.exists(), "the journal is removed once replayed"
+        assert rt.daemon.status()["journal"] == {"path": str(journal), "bytes": 0, "replaying": False}
+        assert "tidegate_journal_bytes 0.0" in rt.daemon.metrics.render().decode()
         repo = rt.daemon.repo
         rows = decisions(repo)
         ats = [datetime.fromisoformat(d["at"]) for d in rows]
