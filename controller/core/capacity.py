@@ -266,7 +266,8 @@ _GPU_FIELDS = ("scale", "hi", "hi_t")
 the fleet's."""
 
 
-_NOT_FLEET = frozenset((*_GPU_FIELDS, GPU_KEY))
+_FLEET_FIELDS = ("t", "q", "n", "up_t")
+"""What :func:`learn` reads of the fleet's part of the state (the GPU type's part: ``_GPU_FIELDS``)."""
 
 
 def _gpu_fields(state: Mapping[str, Any], gpu: str) -> dict[str, Any]:
@@ -318,7 +319,7 @@ def learn_by_gpu(state: Mapping[str, Any], obs: Observed, load_units: Mapping[st
     capacities. ``load_units[g]``: :func:`load_units_by_gpu`, for the GPU types with ready
     replicas; the others keep what they learned. The pressure, its smoothing and the ready count
     are the fleet's, shared."""
-    fleet = {k: v for k, v in state.items() if k not in _NOT_FLEET}
+    fleet = {k: state[k] for k in _FLEET_FIELDS if k in state}
     known = state.get(GPU_KEY)
     gpus = sorted(set(load_units) | (set(known) if type(known) is dict or isinstance(known, Mapping) else set()))
     scales: dict[str, float] = {}
