@@ -92,13 +92,15 @@ class _Pool:
     def __init__(self, name: str, spec: PoolSpec | None, state: PoolState | None, model: ModelSpec) -> None:
         self.name = name
         self.spec = spec
-        self.current = 0 if state is None or state.replicas is None else max(0, state.replicas)
-        # unknown readiness counts as ready: never cancel first what cannot be seen starting
-        self.ready = self.current if state is None or state.ready_replicas is None else max(0, state.ready_replicas)
-        self.kept = 0
-        self.replicas = 0
-        self.accepts = False
-        self.pinned = False
+        if state is None:
+            self.current = self.ready = 0
+        else:  # max(0, ...) as conditionals: a builtin call per pool and decision (hot path)
+            r, ready = state.replicas, state.ready_replicas
+            self.current = current = 0 if r is None or r < 0 else r
+            # unknown readiness counts as ready: never cancel first what cannot be seen starting
+            self.ready = current if ready is None else 0 if ready < 0 else ready
+        self.kept = self.replicas = 0
+        self.accepts = self.pinned = False
         if spec is None:
             self.tier, self.priority, self.per_node, self.capacity = _ONDEMAND, 0, 0, 0
             self.price, self.eff_cost, self.usable = 0.0, math.inf, False
@@ -107,7 +109,8 @@ class _Pool:
         self.tier = _ONPREM if tier is Tier.ONPREM else _SPOT if tier is Tier.SPOT else _ONDEMAND
         self.priority = spec.priority
         per_node = self.per_node = spec.replicas_per_node(model)
-        bound = spec.max_nodes if state is None or state.max_nodes is None else min(spec.max_nodes, max(0, state.max_nodes))
+        limit = None if state is None else state.max_nodes
+        bound = spec.max_nodes if limit is None else min(spec.max_nodes, max(0, limit))
         self.capacity = bound * per_node
         self.price = price = pool_price(spec, state)
         # pricing.replica_price, with the price and replicas per node this pool already holds: hot loop
