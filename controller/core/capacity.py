@@ -141,6 +141,8 @@ def _num(state: Mapping[str, Any], key: str, default: float) -> float:
     v = state.get(key, default)
     if type(v) is float:  # the learner's own writes (and the defaults): no conversion, no try (hot path)
         return v if math.isfinite(v) else default
+    if v is None:  # written for "none" (no upper bound, no rise yet): the default without raising
+        return default
     try:
         v = float(v)
     except (TypeError, ValueError):
