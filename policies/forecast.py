@@ -342,7 +342,7 @@ class RunningWindow:
         return max(trend, burst), trend, burst
 
 
-class _Windows(NamedTuple):
+class _Fixed(NamedTuple):
     """What a rule's params fix for every tick (computed once per rule: the params are frozen)."""
 
     keep_s: float
@@ -353,6 +353,9 @@ class _Windows(NamedTuple):
     """Older samples fold into peaks of this bucket (:func:`fold_peaks`)."""
     wanted: tuple[str, ...]
     """The rates to forecast, in ``SIGNAL_OF`` order."""
+    texts: tuple[str, str, str, str]
+    """``lead_time_s``, ``burst_window_s``, ``headroom`` and ``capacity_fraction`` as the message
+    writes them (``:g``)."""
 
 
 class Forecast(PolicyKind):
@@ -416,17 +419,18 @@ class Forecast(PolicyKind):
     params: Params
 
     @functools.cached_property
-    def _windows(self) -> _Windows:
+    def _fixed(self) -> _Fixed:
         p = self.params
         keep_s = max(p.history_s, p.burst_window_s, p.trend_window_s)
-        return _Windows(keep_s, max(p.trend_window_s, FINE_MIN_S), max(PEAK_BUCKET_MIN_S, keep_s / PEAK_BUCKETS),
-                        tuple(s for s in SIGNAL_OF if s in p.signals))
+        return _Fixed(keep_s, max(p.trend_window_s, FINE_MIN_S), max(PEAK_BUCKET_MIN_S, keep_s / PEAK_BUCKETS),
+                      tuple(s for s in SIGNAL_OF if s in p.signals),
+                      (f"{p.lead_time_s:g}", f"{p.burst_window_s:g}", f"{p.headroom:g}", f"{p.capacity_fraction:g}"))
 
     def recommend(self, ctx: PolicyContext) -> Recommendation:
         p = self.params
         cap = ctx.capacity
         now_s = ctx.now.timestamp()
-        keep_s, fine_s, bucket_s, wanted = self._windows
+        keep_s, fine_s, bucket_s, wanted, (lead_text, window_text, headroom_text, fraction_text) = self._fixed
         lo = now_s - keep_s
         loaded = _load_samples(ctx.state)
         samples = _within(loaded, lo, now_s)
@@ -496,8 +500,8 @@ class Forecast(PolicyKind):
             present = max(present, _replicas(values[sub] or 0.0, p.headroom, planned))
             ahead = max(ahead, _replicas(trend, p.headroom, planned))
             parts.append(f"{sub}: now {values[sub]:.4g}, trend {trend:.4g}, peak {burst:.4g} in "
-                         f"{p.burst_window_s:g}s -> {f:.4g} x {p.headroom:g} / ({per_replica[sub]:g} x "
-                         f"{p.capacity_fraction:g}) = {n}")
+                         f"{window_text}s -> {f:.4g} x {headroom_text} / ({per_replica[sub]:g} x "
+                         f"{fraction_text}) = {n}")
             if best is None or n > best[0]:
                 best = (n, sub)
         if missing:
@@ -518,7 +522,7 @@ class Forecast(PolicyKind):
         else:
             reason = Reason.BELOW_TARGETS
         return Recommendation(rule=self.rule, kind=self.name, replicas=replicas, reason=reason.value,
-                              message=f"forecast {p.lead_time_s:g}s ahead, {decider} decides {replicas} "
+                              message=f"forecast {lead_text}s ahead, {decider} decides {replicas} "
                                       f"(current {current}): " + "; ".join(parts),
                               missing_data=bool(missing), state=state, present_replicas=present,
                               trend_replicas=ahead)
