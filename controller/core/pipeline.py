@@ -367,8 +367,8 @@ def _no_target(op: _Opinions) -> tuple[str, str]:
 def _recommend(op: _Opinions, current: int, learned: learned_capacity.Learned | None = None) -> _Step:
     """Stage 1: every rule's opinion; the largest target is the value, none at all holds ``current``.
     The message ends with the capacity the rules sized with (learned, and the profile's)."""
-    summary = "; ".join(f"{r.rule}={r.replicas} ({r.reason}{': ' + r.message if r.message else ''})"
-                        for r in op.recs)
+    summary = "; ".join([f"{r.rule}={r.replicas} ({r.reason}{': ' + r.message if r.message else ''})"
+                         for r in op.recs])
     if learned is not None:
         summary = f"{summary} [{learned.describe()}]" if summary else f"[{learned.describe()}]"
     if op.best is not None:

@@ -54,6 +54,7 @@ Cost = sum over pools of whole nodes for the replicas times the node price per h
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Collection, Mapping, NamedTuple
 
@@ -132,8 +133,9 @@ class _Pool:
         """Cost per hour saved by one replica fewer: a node, when it was the last on its node."""
         return self.price if self.replicas > 0 and (self.replicas - 1) % self.per_node == 0 else 0.0
 
-    def rank(self) -> tuple[float, int, str]:
-        return (self.eff_cost, self.priority, self.name)
+    rank = operator.attrgetter("eff_cost", "priority", "name")
+    """The fill order within a tier: cheapest replica-hour first, then priority, then name (a C-level
+    key: pools are sorted by it several times a decision)."""
 
     def not_ready(self) -> int:
         """Of its replicas now, those not serving yet (still provisioning or starting)."""
@@ -181,7 +183,7 @@ class PlacementResult:
         return sum(self.replicas.values())
 
     def message(self) -> str:
-        pools = ", ".join(f"{k}={v}" for k, v in self.replicas.items())
+        pools = ", ".join([f"{k}={v}" for k, v in self.replicas.items()])
         head = f"placed {self.total} of {self.requested}: {pools}; ${self.cost_per_hour_usd:.2f}/h"
         parts = [msg for _, msg in self.events] + [f"why: {w}" for w in self.why]
         return "; ".join([head, *parts])
@@ -623,8 +625,8 @@ def _why(views: list[_Pool], allow_on_demand: bool) -> tuple[str, ...]:
     (only pairs where one of the two holds replicas), full pools, on-demand left out."""
     usable = [p for p in views if p.usable]
     out = _order(usable)
-    out.extend(f"{p.name} full: {p.replicas} of {p.capacity}" for p in usable
-               if p.capacity > 0 and p.replicas >= p.capacity)
+    out.extend([f"{p.name} full: {p.replicas} of {p.capacity}" for p in usable
+                if p.capacity > 0 and p.replicas >= p.capacity])
     if not allow_on_demand and any(p.tier == _ONDEMAND for p in usable):
         out.append("on-demand pools left out: the policy does not allow on-demand")
     return tuple(out)
@@ -637,8 +639,8 @@ def _order(usable: list[_Pool]) -> list[str]:
     return [_before(a, b) for a, b in zip(ranked, ranked[1:]) if a.tier == b.tier and (a.replicas or b.replicas)]
 
 
-def _tier_rank(p: _Pool) -> tuple[int, float, int, str]:
-    return (p.tier, p.eff_cost, p.priority, p.name)
+_tier_rank = operator.attrgetter("tier", "eff_cost", "priority", "name")
+"""By tier, then as ``_Pool.rank``."""
 
 
 def _before(a: _Pool, b: _Pool) -> str:
