@@ -15,16 +15,21 @@ explicit state) exactly as the daemon threads them. The recorded calls after the
 the core does not count); it prints the median, p90 and
 p99 per call beside the 100 us target, and the median of the part spent in the rules' own
 ``recommend`` (the rest is the pipeline's stages). ``--profile KIND`` prints the top of a cProfile of that
-kind's replay instead.
+kind's replay instead. ``--digest`` prints, per row, the sha256 of the ``repr()`` of every decision
+of the recorded calls replayed once (run it before and after a change to ``decide``: equal digests
+mean the same decisions; set ``PYTHONHASHSEED`` to the same value for both: the policy file's name,
+and so the policy version every decision carries, comes from ``hash()`` of the row's name).
 
     python bench/decide_speed.py [--hours 6] [--repeat 3] [--kinds forecast,slo-guard] [--json]
     python bench/decide_speed.py --profile forecast
+    PYTHONHASHSEED=0 python bench/decide_speed.py --digest
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import statistics
 import sys
@@ -142,6 +147,15 @@ def _timed(fn: Any, acc: list[int], clock: Any) -> Any:
     return wrapper
 
 
+def digest(calls: list[dict[str, Any]]) -> str:
+    """sha256 of the ``repr()`` of every decision of ``calls``, replayed once, in order."""
+    h = hashlib.sha256()
+    for kw in calls:
+        h.update(repr(decide(**kw)).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
 def summary(us: list[float], rules_us: list[float]) -> dict[str, float]:
     q = statistics.quantiles(us, n=100)
     return {"median_us": round(statistics.median(us), 1), "p90_us": round(q[89], 1), "p99_us": round(q[98], 1),
@@ -157,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default=None, metavar="KIND", help="print a cProfile of this row's replay instead")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    ap.add_argument("--digest", action="store_true",
+                    help="print the sha256 of every decision's repr() per row instead of timing")
     args = ap.parse_args(argv)
     rows = kind_rules()
     wanted = list(rows) if args.kinds is None else [k.strip() for k in args.kinds.split(",")]
@@ -170,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="decide-speed-") as tmp:
         for name in wanted:
             calls = record_calls(write_policy(rows[name], Path(tmp), name), args.hours, args.seed)
+            if args.digest:
+                print(f"{name:<42} {len(calls):>6} calls  sha256 {digest(calls)}", flush=True)
+                continue
             t0 = calls[0]["now"] if calls else None
             kept = [kw for kw in calls if (kw["now"] - t0).total_seconds() >= args.warmup_min * 60.0]
             if args.profile:
@@ -183,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                 pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
                 return 0
             results[name] = summary(*time_calls(kept, args.repeat))
+    if args.digest:
+        return 0
     if args.json:
         print(json.dumps({"target_us": TARGET_US, "hours": args.hours, "rows": results}, indent=1))
         return 0

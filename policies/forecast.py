@@ -41,10 +41,11 @@ history is kept as it was. Without a capacity profile there is nothing to size w
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from bisect import bisect_left
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from pydantic import Field
 
@@ -248,13 +249,19 @@ class RunningWindow:
         raw: Any = state.get("running") if hasattr(state, "get") else None
         try:
             if raw["count"] == len(samples) and samples and tuple(raw["span"]) == (samples[0][0], samples[-1][0]):
-                if isinstance(raw["requests"]["sums"], tuple):  # as this kind wrote it: no JSON round trip
-                    sums = {n: list(raw[n]["sums"]) for n, _ in COLUMNS}
-                    maxima = {n: list(raw[n]["max"]) for n, _ in COLUMNS}
+                own = isinstance(raw["requests"]["sums"], tuple)  # as this kind wrote it: no JSON round trip
+                sums: dict[str, list[float]] = {}
+                maxima: dict[str, list[tuple[float, float]]] = {}
+                for n, _ in COLUMNS:
+                    part = raw[n]
+                    if own:
+                        sums[n], maxima[n] = list(part["sums"]), list(part["max"])
+                    else:
+                        sums[n] = [float(x) for x in part["sums"]]
+                        maxima[n] = [(float(t), float(v)) for t, v in part["max"]]
+                    if len(sums[n]) != 5:
+                        break
                 else:
-                    sums = {n: [float(x) for x in raw[n]["sums"]] for n, _ in COLUMNS}
-                    maxima = {n: [(float(t), float(v)) for t, v in raw[n]["max"]] for n, _ in COLUMNS}
-                if all(len(s) == 5 for s in sums.values()):
                     return cls(float(raw["origin"]), sums, maxima)
         except (KeyError, TypeError, ValueError):
             pass  # absent or malformed: recomputed below, never fatal
@@ -308,15 +315,22 @@ class RunningWindow:
         fade = burst_window_s - hold
         for item in peaks:
             v = item[col]
+            # a peak no higher than the burst so far cannot raise it (its weight is at most 1): the
+            # common case, skipped before the weight is computed
+            if v is None or 0.0 <= v <= burst:
+                continue
             t = item[0]
-            if v is None or t < t_burst:
+            if t < t_burst:
                 continue
             age = now_s - t
             w = v if age <= hold or fade <= 0 else v * (1.0 - (age - hold) / fade)
             if w > burst:
                 burst = w
         n, sx, sv, sxx, sxv = self.sums[name]
-        first_t = next(item[0] for item in samples if item[col] is not None)
+        for item in samples:  # the first sample with this rate (there is one: ``maxima`` is not empty)
+            if item[col] is not None:
+                first_t = item[0]
+                break
         slope = 0.0
         # over the covered share of the lead only, as forecast_rate
         covered = min(1.0, max(0.0, (now_s - history_start_s) / trend_window_s))
@@ -326,6 +340,22 @@ class RunningWindow:
                 slope = (n * sxv - sx * sv) / den
         trend = max(0.0, latest + max(0.0, slope) * lead_s * covered)
         return max(trend, burst), trend, burst
+
+
+class _Fixed(NamedTuple):
+    """What a rule's params fix for every tick (computed once per rule: the params are frozen)."""
+
+    keep_s: float
+    """History kept, seconds: never prune what a window needs."""
+    fine_s: float
+    """Samples younger than this are kept one per observation (``FINE_MIN_S`` or the trend window)."""
+    bucket_s: float
+    """Older samples fold into peaks of this bucket (:func:`fold_peaks`)."""
+    wanted: tuple[str, ...]
+    """The rates to forecast, in ``SIGNAL_OF`` order."""
+    texts: tuple[str, str, str, str]
+    """``lead_time_s``, ``burst_window_s``, ``headroom`` and ``capacity_fraction`` as the message
+    writes them (``:g``)."""
 
 
 class Forecast(PolicyKind):
@@ -388,11 +418,19 @@ class Forecast(PolicyKind):
 
     params: Params
 
+    @functools.cached_property
+    def _fixed(self) -> _Fixed:
+        p = self.params
+        keep_s = max(p.history_s, p.burst_window_s, p.trend_window_s)
+        return _Fixed(keep_s, max(p.trend_window_s, FINE_MIN_S), max(PEAK_BUCKET_MIN_S, keep_s / PEAK_BUCKETS),
+                      tuple(s for s in SIGNAL_OF if s in p.signals),
+                      (f"{p.lead_time_s:g}", f"{p.burst_window_s:g}", f"{p.headroom:g}", f"{p.capacity_fraction:g}"))
+
     def recommend(self, ctx: PolicyContext) -> Recommendation:
         p = self.params
         cap = ctx.capacity
         now_s = ctx.now.timestamp()
-        keep_s = max(p.history_s, p.burst_window_s, p.trend_window_s)  # never prune what a window needs
+        keep_s, fine_s, bucket_s, wanted, (lead_text, window_text, headroom_text, fraction_text) = self._fixed
         lo = now_s - keep_s
         loaded = _load_samples(ctx.state)
         samples = _within(loaded, lo, now_s)
@@ -403,29 +441,29 @@ class Forecast(PolicyKind):
             return Recommendation(rule=self.rule, kind=self.name, replicas=None, reason=Reason.METRIC_MISSING.value,
                                   message="no capacity profile for the model: nothing to size with",
                                   missing_data=True, state=self._state(samples, peaks, running))
-        wanted = [s for s in ("requests", "output_tokens") if s in p.signals]
         per_replica = {"requests": cap.requests_per_s, "output_tokens": cap.output_tokens_per_s}
         values: dict[str, float | None] = {}
         missing: list[tuple[str, str]] = []
         stamp: float | None = None
         for sub in wanted:
             name = SIGNAL_OF[sub]
-            v = ctx.fresh(name)
+            sample = ctx.signals.sample(name)
+            v = sample.fresh(ctx.now, ctx.max_signal_age_s)  # ctx.fresh(name), the sample read once
             values[sub] = v
             if v is None:
-                missing.append(ctx.missing_reason(name))
+                missing.append(ctx.why_missing(name, sample))
             else:
-                at = getattr(ctx.signals, name).at.timestamp()
+                at = sample.at.timestamp()  # type: ignore[union-attr]  # a fresh sample has a time
                 stamp = at if stamp is None or at > stamp else stamp
         if stamp is not None and (not samples or stamp > samples[-1][0]):
             new = (stamp, values.get("requests"), values.get("output_tokens"))
             samples.append(new)
             running.add(new)
         # full resolution where the trend reads it, a coarse running peak history beyond
-        fine_from = now_s - max(p.trend_window_s, FINE_MIN_S)
+        fine_from = now_s - fine_s
         if samples and samples[0][0] < fine_from:
             k = bisect_left(samples, fine_from, key=_time_of)
-            peaks = fold_peaks(peaks, samples[:k], max(PEAK_BUCKET_MIN_S, keep_s / PEAK_BUCKETS))
+            peaks = fold_peaks(peaks, samples[:k], bucket_s)
             running.remove(samples[:k], fine_from)
             samples = samples[k:]
         if not samples or samples[0][0] - running.origin > p.trend_window_s:
@@ -434,7 +472,7 @@ class Forecast(PolicyKind):
         # the history began with the oldest sample kept; anything folded into peaks is older than
         # the fine window, so the history then covers the trend window
         since = -math.inf if peaks else (samples[0][0] if samples else now_s)
-        if not wanted or all(values[s] is None for s in wanted):
+        if stamp is None:  # no rate selected, or none fresh
             why = "; ".join(m for _, m in missing) or "no signal selected"
             return Recommendation(rule=self.rule, kind=self.name, replicas=None,
                                   reason=missing[0][0] if missing else Reason.METRIC_MISSING.value,
@@ -462,8 +500,8 @@ class Forecast(PolicyKind):
             present = max(present, _replicas(values[sub] or 0.0, p.headroom, planned))
             ahead = max(ahead, _replicas(trend, p.headroom, planned))
             parts.append(f"{sub}: now {values[sub]:.4g}, trend {trend:.4g}, peak {burst:.4g} in "
-                         f"{p.burst_window_s:g}s -> {f:.4g} x {p.headroom:g} / ({per_replica[sub]:g} x "
-                         f"{p.capacity_fraction:g}) = {n}")
+                         f"{window_text}s -> {f:.4g} x {headroom_text} / ({per_replica[sub]:g} x "
+                         f"{fraction_text}) = {n}")
             if best is None or n > best[0]:
                 best = (n, sub)
         if missing:
@@ -484,7 +522,7 @@ class Forecast(PolicyKind):
         else:
             reason = Reason.BELOW_TARGETS
         return Recommendation(rule=self.rule, kind=self.name, replicas=replicas, reason=reason.value,
-                              message=f"forecast {p.lead_time_s:g}s ahead, {decider} decides {replicas} "
+                              message=f"forecast {lead_text}s ahead, {decider} decides {replicas} "
                                       f"(current {current}): " + "; ".join(parts),
                               missing_data=bool(missing), state=state, present_replicas=present,
                               trend_replicas=ahead)

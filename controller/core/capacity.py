@@ -141,6 +141,8 @@ def _num(state: Mapping[str, Any], key: str, default: float) -> float:
     v = state.get(key, default)
     if type(v) is float:  # the learner's own writes (and the defaults): no conversion, no try (hot path)
         return v if math.isfinite(v) else default
+    if v is None:  # written for "none" (no upper bound, no rise yet): the default without raising
+        return default
     try:
         v = float(v)
     except (TypeError, ValueError):
@@ -232,15 +234,21 @@ def _calm(scale: float, u: float, hi: float, dt: float, obs: Observed, cfg: Capa
 def learn(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning, planned_fraction: float) -> tuple[float, str, dict[str, Any]]:
     """(scale, evidence, new state) after one observation. ``planned_fraction``: the share of its
     capacity the policy plans a replica to run at (probing only while the fleet runs near it)."""
+    return _learn(state, obs, obs.load_units, cfg, planned_fraction)
+
+
+def _learn(state: Mapping[str, Any], obs: Observed, load_units: float | None, cfg: CapacityLearning,
+           planned_fraction: float) -> tuple[float, str, dict[str, Any]]:
+    """:func:`learn` with the observation's load given apart (one per GPU type, the rest shared)."""
     scale, dt, q_prev, hi, hi_t = _restore(state, obs, cfg)
     qs = None if obs.pressure is None else _smooth(q_prev, min(obs.pressure, PRESSURE_CAP), dt, cfg.tau_s)
     new: dict[str, Any] = {"scale": scale, "t": obs.now_s, "q": qs, "hi": None if math.isinf(hi) else hi,
                            "hi_t": None if math.isinf(hi) else hi_t}
     if not cfg.learn:
         return scale, "learning off", new
-    if obs.load_units is None or obs.ready <= 0:
+    if load_units is None or obs.ready <= 0:
         return scale, "no evidence (no ready replica or no traffic)", new
-    u = obs.load_units / obs.ready
+    u = load_units / obs.ready
     what = _pressure(qs, q_prev, _held_off(state, obs, cfg, new), cfg)
     evidence = "no evidence (between calm and pressure)"
     if what == "pressure" and u < cfg.burst_share * planned_fraction * scale:
@@ -266,7 +274,9 @@ _GPU_FIELDS = ("scale", "hi", "hi_t")
 the fleet's."""
 
 
-_NOT_FLEET = frozenset((*_GPU_FIELDS, GPU_KEY))
+_GPU_FIELD_SET = frozenset(_GPU_FIELDS)
+_FLEET_FIELDS = ("t", "q", "n", "up_t")
+"""What :func:`learn` reads of the fleet's part of the state (the GPU type's part: ``_GPU_FIELDS``)."""
 
 
 def _gpu_fields(state: Mapping[str, Any], gpu: str) -> dict[str, Any]:
@@ -278,6 +288,8 @@ def _gpu_fields(state: Mapping[str, Any], gpu: str) -> dict[str, Any]:
     if not (type(per) is dict or isinstance(per, Mapping)):
         return {k: state[k] for k in _GPU_FIELDS if k in state}
     own = per.get(gpu)
+    if type(own) is dict and own.keys() == _GPU_FIELD_SET:
+        return own  # as the learner wrote it: those fields and no other (read, never written to)
     return {k: own[k] for k in _GPU_FIELDS if k in own} if type(own) is dict or isinstance(own, Mapping) else {}
 
 
@@ -318,7 +330,7 @@ def learn_by_gpu(state: Mapping[str, Any], obs: Observed, load_units: Mapping[st
     capacities. ``load_units[g]``: :func:`load_units_by_gpu`, for the GPU types with ready
     replicas; the others keep what they learned. The pressure, its smoothing and the ready count
     are the fleet's, shared."""
-    fleet = {k: v for k, v in state.items() if k not in _NOT_FLEET}
+    fleet = {k: state[k] for k in _FLEET_FIELDS if k in state}
     known = state.get(GPU_KEY)
     gpus = sorted(set(load_units) | (set(known) if type(known) is dict or isinstance(known, Mapping) else set()))
     scales: dict[str, float] = {}
@@ -328,8 +340,7 @@ def learn_by_gpu(state: Mapping[str, Any], obs: Observed, load_units: Mapping[st
     for gpu in gpus:
         fields = _gpu_fields(state, gpu)
         if gpu in load_units:
-            o = Observed(obs.now_s, load_units[gpu], obs.ready, obs.settled, obs.slack, obs.pressure)
-            scale, ev, new = learn({**fleet, **fields}, o, cfg, planned_fraction)
+            scale, ev, new = _learn({**fleet, **fields}, obs, load_units[gpu], cfg, planned_fraction)
             new_fleet = new
             evidence.append(f"{gpu}: {ev}")
             per[gpu] = {k: new.get(k) for k in _GPU_FIELDS}
@@ -337,8 +348,7 @@ def learn_by_gpu(state: Mapping[str, Any], obs: Observed, load_units: Mapping[st
             scale, per[gpu] = _idle(fields, obs.now_s, cfg)
         scales[gpu] = scale
     if new_fleet is None:  # no GPU type has evidence: the fleet's clock and pressure still move
-        scale, ev, new_fleet = learn(fleet, Observed(obs.now_s, None, obs.ready, obs.settled, obs.slack, obs.pressure),
-                                     cfg, planned_fraction)
+        scale, ev, new_fleet = _learn(fleet, obs, None, cfg, planned_fraction)
         evidence.append(ev)
     out = {k: v for k, v in new_fleet.items() if k not in _GPU_FIELDS}
     out[GPU_KEY] = per

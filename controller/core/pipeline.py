@@ -74,7 +74,7 @@ from controller.core.reasons import (  # the codes as plain strings: see control
 )
 from controller.core.signals import pooled_signal_names
 from controller.core.spec import Behavior, Bounds, Budget, MissingData, OnMissing, PolicySpec
-from policies.base import PolicyContext, SLOTargets
+from policies.base import PolicyContext
 
 STAGES = ("recommend", "combine", "tolerance", "missing-data", "stabilize", "rate-limit", "bounds",
           "overrides", "lead-time", "placement", "budget", "outcome")
@@ -128,12 +128,6 @@ class _Outcome(NamedTuple):
     cost_per_hour_usd: float
     interrupted_replaced: int
     stage: Stage
-
-
-def _slo_targets(spec: PolicySpec) -> SLOTargets:
-    slo = spec.slo
-    return SLOTargets(p99_latency_ms=slo.p99_latency_ms, queue_depth_per_replica=slo.queue_depth_per_replica,
-                      ttft_p99_ms=slo.ttft_p99_ms)
 
 
 def _capacity_weights(
@@ -228,7 +222,7 @@ def _capacity(
         settled=ready is not None and ready >= total > 0, slack=int(spec.behavior.tolerance * (ready or 0)),
         pressure=pressure)
     units = learned_capacity.load_units_by_gpu(state, c, ready_gpus, priors, fresh.request_rate, fresh.output_tokens)
-    scales, evidence, new_state = learned_capacity.learn_by_gpu(state, obs, units, c, _planned_fraction(policy))
+    scales, evidence, new_state = learned_capacity.learn_by_gpu(state, obs, units, c, policy.planned_fraction)
     caps = {g: learned_capacity.for_mix(model.capacity[g], mix, scales.get(g, 1.0)) for g in weights}
     cap = learned_capacity.weighted(caps, weights)
     prior = learned_capacity.weighted(priors, weights)
@@ -272,12 +266,6 @@ def _observe(model: ModelSpec, signals: ModelSignals, spec: PolicySpec, now: dat
     if not model.capacity and not spec.lead_time.enabled:
         return fresh, ready, None
     return fresh, ready, _pressure(fresh, spec, ready)
-
-
-def _planned_fraction(policy: EffectivePolicy) -> float:
-    """The smallest share of its capacity a rule plans a replica to run at (0.8 by default)."""
-    fractions = [f for r in policy.rules if isinstance(f := getattr(r.params, "capacity_fraction", None), float)]
-    return min(fractions, default=0.8)
 
 
 def _ask(rule: Any, ctx: PolicyContext) -> Recommendation:
@@ -379,8 +367,8 @@ def _no_target(op: _Opinions) -> tuple[str, str]:
 def _recommend(op: _Opinions, current: int, learned: learned_capacity.Learned | None = None) -> _Step:
     """Stage 1: every rule's opinion; the largest target is the value, none at all holds ``current``.
     The message ends with the capacity the rules sized with (learned, and the profile's)."""
-    summary = "; ".join(f"{r.rule}={r.replicas} ({r.reason}{': ' + r.message if r.message else ''})"
-                        for r in op.recs)
+    summary = "; ".join([f"{r.rule}={r.replicas} ({r.reason}{': ' + r.message if r.message else ''})"
+                         for r in op.recs])
     if learned is not None:
         summary = f"{summary} [{learned.describe()}]" if summary else f"[{learned.describe()}]"
     if op.best is not None:
@@ -690,14 +678,14 @@ def decide(
     op = _opinions(policy, history, partial(
         PolicyContext, model=model, signals=signals, now=now, current_replicas=current,
         ready_replicas=ready, capacity=None if learned is None else learned.capacity,
-        slo=_slo_targets(spec), max_signal_age_s=max_age_s))
+        slo=policy.slo_targets, max_signal_age_s=max_age_s))
     if learned is not None:
         op.rule_state[learned_capacity.STATE_KEY] = learned.state
     recommended = _recommend(op, current, learned)
     combined = _combine(op, recommended, current)
     tolerated = _tolerance(combined, current, spec.behavior)
     guarded = _missing_data(tolerated, op.missing, signals, current, spec.missing_data)
-    rec_keep_s, event_keep_s = stab.keep_seconds(spec.behavior)
+    rec_keep_s, event_keep_s = policy.keep_s
     recommendations, stabilized = _stabilize(guarded, current, history, now, spec.behavior, rec_keep_s)
     events, limited = _rate_limit(stabilized, current, history, now, spec.behavior, event_keep_s)
     effect = resolve(overrides, model=model, now=now)

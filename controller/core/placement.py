@@ -54,6 +54,7 @@ Cost = sum over pools of whole nodes for the replicas times the node price per h
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Collection, Mapping, NamedTuple
 
@@ -92,13 +93,15 @@ class _Pool:
     def __init__(self, name: str, spec: PoolSpec | None, state: PoolState | None, model: ModelSpec) -> None:
         self.name = name
         self.spec = spec
-        self.current = 0 if state is None or state.replicas is None else max(0, state.replicas)
-        # unknown readiness counts as ready: never cancel first what cannot be seen starting
-        self.ready = self.current if state is None or state.ready_replicas is None else max(0, state.ready_replicas)
-        self.kept = 0
-        self.replicas = 0
-        self.accepts = False
-        self.pinned = False
+        if state is None:
+            self.current = self.ready = 0
+        else:  # max(0, ...) as conditionals: a builtin call per pool and decision (hot path)
+            r, ready = state.replicas, state.ready_replicas
+            self.current = current = 0 if r is None or r < 0 else r
+            # unknown readiness counts as ready: never cancel first what cannot be seen starting
+            self.ready = current if ready is None else 0 if ready < 0 else ready
+        self.kept = self.replicas = 0
+        self.accepts = self.pinned = False
         if spec is None:
             self.tier, self.priority, self.per_node, self.capacity = _ONDEMAND, 0, 0, 0
             self.price, self.eff_cost, self.usable = 0.0, math.inf, False
@@ -107,7 +110,8 @@ class _Pool:
         self.tier = _ONPREM if tier is Tier.ONPREM else _SPOT if tier is Tier.SPOT else _ONDEMAND
         self.priority = spec.priority
         per_node = self.per_node = spec.replicas_per_node(model)
-        bound = spec.max_nodes if state is None or state.max_nodes is None else min(spec.max_nodes, max(0, state.max_nodes))
+        limit = None if state is None else state.max_nodes
+        bound = spec.max_nodes if limit is None else min(spec.max_nodes, max(0, limit))
         self.capacity = bound * per_node
         self.price = price = pool_price(spec, state)
         # pricing.replica_price, with the price and replicas per node this pool already holds: hot loop
@@ -129,8 +133,9 @@ class _Pool:
         """Cost per hour saved by one replica fewer: a node, when it was the last on its node."""
         return self.price if self.replicas > 0 and (self.replicas - 1) % self.per_node == 0 else 0.0
 
-    def rank(self) -> tuple[float, int, str]:
-        return (self.eff_cost, self.priority, self.name)
+    rank = operator.attrgetter("eff_cost", "priority", "name")
+    """The fill order within a tier: cheapest replica-hour first, then priority, then name (a C-level
+    key: pools are sorted by it several times a decision)."""
 
     def not_ready(self) -> int:
         """Of its replicas now, those not serving yet (still provisioning or starting)."""
@@ -178,7 +183,7 @@ class PlacementResult:
         return sum(self.replicas.values())
 
     def message(self) -> str:
-        pools = ", ".join(f"{k}={v}" for k, v in self.replicas.items())
+        pools = ", ".join([f"{k}={v}" for k, v in self.replicas.items()])
         head = f"placed {self.total} of {self.requested}: {pools}; ${self.cost_per_hour_usd:.2f}/h"
         parts = [msg for _, msg in self.events] + [f"why: {w}" for w in self.why]
         return "; ".join([head, *parts])
@@ -620,8 +625,8 @@ def _why(views: list[_Pool], allow_on_demand: bool) -> tuple[str, ...]:
     (only pairs where one of the two holds replicas), full pools, on-demand left out."""
     usable = [p for p in views if p.usable]
     out = _order(usable)
-    out.extend(f"{p.name} full: {p.replicas} of {p.capacity}" for p in usable
-               if p.capacity > 0 and p.replicas >= p.capacity)
+    out.extend([f"{p.name} full: {p.replicas} of {p.capacity}" for p in usable
+                if p.capacity > 0 and p.replicas >= p.capacity])
     if not allow_on_demand and any(p.tier == _ONDEMAND for p in usable):
         out.append("on-demand pools left out: the policy does not allow on-demand")
     return tuple(out)
@@ -634,8 +639,8 @@ def _order(usable: list[_Pool]) -> list[str]:
     return [_before(a, b) for a, b in zip(ranked, ranked[1:]) if a.tier == b.tier and (a.replicas or b.replicas)]
 
 
-def _tier_rank(p: _Pool) -> tuple[int, float, int, str]:
-    return (p.tier, p.eff_cost, p.priority, p.name)
+_tier_rank = operator.attrgetter("tier", "eff_cost", "priority", "name")
+"""By tier, then as ``_Pool.rank``."""
 
 
 def _before(a: _Pool, b: _Pool) -> str:

@@ -6,10 +6,12 @@ the pipeline only reads it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+from controller.core import stabilize
 from controller.core.spec import PolicySpec
-from policies.base import PolicyKind
+from policies.base import PolicyKind, SLOTargets
 
 
 @dataclass(frozen=True)
@@ -23,3 +25,25 @@ class EffectivePolicy:
     """Content hash of the sources (sha256, first 16 hex digits): stored with every decision."""
     sources: tuple[str, ...] = ()
     """The files it came from."""
+
+    # What the pipeline derives from the policy alone, computed once per policy (it is frozen)
+    # instead of at every decision.
+
+    @functools.cached_property
+    def slo_targets(self) -> SLOTargets:
+        """The SLO as the rules see it (``PolicyContext.slo``)."""
+        slo = self.spec.slo
+        return SLOTargets(p99_latency_ms=slo.p99_latency_ms, queue_depth_per_replica=slo.queue_depth_per_replica,
+                          ttft_p99_ms=slo.ttft_p99_ms)
+
+    @functools.cached_property
+    def planned_fraction(self) -> float:
+        """The smallest share of its capacity a rule plans a replica to run at (0.8 by default)."""
+        fractions = [f for r in self.rules if isinstance(f := getattr(r.params, "capacity_fraction", None), float)]
+        return min(fractions, default=0.8)
+
+    @functools.cached_property
+    def keep_s(self) -> tuple[float, float]:
+        """How long ``History`` remembers (recommendations, scale events), seconds
+        (``stabilize.keep_seconds``)."""
+        return stabilize.keep_seconds(self.spec.behavior)
