@@ -24,8 +24,7 @@ from pydantic import ValidationError
 from controller.auth import TokenAuth
 from controller.config import DaemonConfig, RealProviders, SimulatedProviders
 from controller.daemon import Daemon
-from controller.db.migrate import upgrade
-from controller.db.preflight import connect_problem, database_errors, url_problem
+from controller.db.preflight import connect_problem, database_errors, upgrade_apart, url_problem
 from controller.db.repo import Repository
 from controller.errors import AddressUnavailable, ConfigError  # re-exported: raised here
 from controller.metrics import DaemonMetrics
@@ -300,7 +299,7 @@ def build_runtime(cfg: DaemonConfig, *, clock: Clock | None = None, dry_run: boo
     if problems:
         raise ConfigError("\n".join(problems))
     with database_errors(cfg.database.url, _database_source()):
-        upgrade(cfg.database.url)
+        upgrade_apart(cfg.database.url, _database_source())
         repo = Repository(cfg.database.url)
     registry = registry or Registry.from_entry_points()
     metrics = DaemonMetrics()

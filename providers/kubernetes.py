@@ -40,7 +40,6 @@ from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Mapping, Protocol, Sequence, TypeVar
 
-import urllib3
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.core.model import Action, ActionStatus, ModelSpec, PoolSpec, PoolState, Tier
@@ -281,6 +280,7 @@ def translate_api_error(e: BaseException, what: str) -> ProviderError:
     409 is a ``ConflictError`` (re-read and retry); 429, 5xx and network trouble are transient;
     404 names ``what`` (say, the model's Deployment) as missing, permanently; 401/403 and other
     4xx are permanent (fix the config or RBAC; retrying changes nothing)."""
+    import urllib3  # the client's transport: loaded with it (a daemon that never reaches a cluster does without)
     from kubernetes.client.exceptions import ApiException
 
     if isinstance(e, ApiException):
@@ -435,6 +435,7 @@ class KubernetesCluster:
         return self.shared if self.shared is not None else ClusterSnapshot(self)
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        import urllib3
         from kubernetes.client.exceptions import ApiException
 
         try:

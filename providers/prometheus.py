@@ -43,13 +43,17 @@ from datetime import datetime, timezone
 from string import Template
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-import requests
-from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from pydantic import BaseModel, ConfigDict, Field, create_model
-from requests.adapters import Retry
 
 from controller.core.model import ModelSignals, ModelSpec, Sample
 from controller.core.signals import NOT_CONFIGURED, queried_signals, signal
+
+if TYPE_CHECKING:
+    import requests
+
+# requests, urllib3 and prometheus-api-client (~5.7 MB of resident memory with http.client and ssl)
+# are imported by the source when it is built: the settings below are part of every daemon's
+# config schema, and a daemon on other metrics sources never loads them.
 
 log = logging.getLogger("tidegate.providers.prometheus")
 
@@ -207,6 +211,9 @@ class PrometheusMetricsSource:
         self.max_sample_age_s = max_sample_age_s
         self.pool_label = pool_label
         self.model_label = model_label
+        from prometheus_api_client import PrometheusConnect
+        from requests.adapters import Retry
+
         # ``session``: the requests session the client sends through (TLS, proxies, a recording
         # session in tests); by default one that verifies certificates (see _default_session).
         self._session = session if session is not None else _default_session()
@@ -454,6 +461,9 @@ class PrometheusMetricsSource:
         self._response = r
 
     def _query(self, promql: str) -> _Answer:
+        import requests
+        from prometheus_api_client import PrometheusApiClientException
+
         self._response = None
         try:
             result = self._prom.custom_query(
@@ -505,6 +515,8 @@ def _default_session() -> requests.Session:
     """A session verifying https against certifi's CA bundle, or against the one named by
     ``SSL_CERT_FILE`` (else ``SSL_CERT_DIR``), OpenSSL's variables, which the source honoured
     before it used requests; requests' own ``REQUESTS_CA_BUNDLE`` applies when neither is set."""
+    import requests
+
     session = requests.Session()
     ca = os.environ.get("SSL_CERT_FILE") or os.environ.get("SSL_CERT_DIR")
     if ca:

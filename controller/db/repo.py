@@ -560,6 +560,9 @@ class Repository:
         names = list(dict.fromkeys(models))
         rows: list[DecisionRow] = []
         with self._read_lock, self._sessions() as s:
+            # not kept in the engine's compiled cache: statements of 500 subqueries, run once a start,
+            # held ~3.5 MB there (tracemalloc, 1,000 models, bench/control_plane.py)
+            s.connection(execution_options={"compiled_cache": None})
             for i in range(0, len(names), _NEWEST_PER_QUERY):
                 newest = [sa.select(sa.func.max(DecisionRow.id)).where(DecisionRow.model == m).scalar_subquery()
                           for m in names[i:i + _NEWEST_PER_QUERY]]

@@ -84,6 +84,24 @@ def test_a_restart_on_a_database_at_head_does_not_load_alembic(db_url: str) -> N
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def test_the_daemons_first_start_migrates_in_a_child_and_loads_no_alembic(db_url: str) -> None:
+    probe = ("import sys; from controller.db.preflight import upgrade_apart; from controller.db.migrate import check; "
+             f"upgrade_apart({db_url!r}); check({db_url!r}); "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('alembic', 'mako')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_driver_error_in_the_migrating_child_is_one_database_error(tmp_path: Path) -> None:
+    from controller.db.preflight import upgrade_apart
+    from controller.errors import DatabaseError
+
+    path = tmp_path / "read-only.db"
+    sa.create_engine(f"sqlite:///{path}").connect().close()  # an empty file: readable, never migrated
+    with pytest.raises(DatabaseError, match=r"^database .*\(TIDEGATE_DATABASE_URL\): attempt to write a readonly database"):
+        upgrade_apart(f"sqlite:///file:{path}?mode=ro&uri=true", "TIDEGATE_DATABASE_URL")
+
+
 def test_version_scripts_never_import_the_orm_models() -> None:
     scripts = sorted(VERSIONS_DIR.glob("*.py"))
     assert scripts, "no version scripts found"
