@@ -40,7 +40,7 @@ import yaml  # type: ignore[import-untyped, unused-ignore]
 from pydantic import BaseModel, ValidationError
 
 from controller.core.policy import EffectivePolicy
-from controller.core.spec import API_VERSION, Bounds, Budget, PolicySpec, ScalingPolicy
+from controller.core.spec import API_VERSION, Bounds, Budget, PolicySpec, ScalingPolicy, interned
 from policies.base import PolicyKind, Registry, UnknownPolicyKind
 
 __all__ = [
@@ -598,7 +598,7 @@ def _parse_document(file: str, index: int, node: yaml.Node, loader: yaml.SafeLoa
 
     policy: ScalingPolicy | None = None
     try:
-        policy = ScalingPolicy.model_validate(data)
+        policy = interned(ScalingPolicy.model_validate(data))
     except ValidationError as e:
         errors.extend(_pydantic_errors(e, ScalingPolicy, file, lines, (), doc_line, model))
 
@@ -629,7 +629,7 @@ def _parse_document(file: str, index: int, node: yaml.Node, loader: yaml.SafeLoa
                                           format_path(loc + ("kind",)), str(e), model))
                 continue
             try:
-                rules.append(kind_cls(kind_cls.Params.model_validate(params), rule_name))
+                rules.append(kind_cls(interned(kind_cls.Params.model_validate(params)), rule_name))
             except ValidationError as e:
                 errors.extend(_pydantic_errors(
                     e, kind_cls.Params, file, lines, loc + ("params",), doc_line, model,

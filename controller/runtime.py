@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from controller.auth import TokenAuth
 from controller.config import DaemonConfig, RealProviders, SimulatedProviders
+from controller.core.spec import interned
 from controller.daemon import Daemon
 from controller.db.preflight import connect_problem, database_errors, upgrade_apart, url_problem
 from controller.db.repo import Repository
@@ -74,7 +75,7 @@ def load_config(path: Path) -> DaemonConfig:
     if env_url:
         raw.setdefault("database", {})["url"] = env_url
     try:
-        cfg = DaemonConfig.model_validate(raw)
+        cfg = interned(DaemonConfig.model_validate(raw))
     except ValidationError as e:
         lines = [f"{path}: {'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in e.errors()]
         raise ConfigError("\n".join(lines)) from e
@@ -298,6 +299,7 @@ def build_runtime(cfg: DaemonConfig, *, clock: Clock | None = None, dry_run: boo
     problems = preflight(cfg)
     if problems:
         raise ConfigError("\n".join(problems))
+    cfg = interned(cfg)  # a thousand models' entries share their equal parts (capacities, settings)
     with database_errors(cfg.database.url, _database_source()):
         upgrade_apart(cfg.database.url, _database_source())
         repo = Repository(cfg.database.url)

@@ -10,6 +10,7 @@ numbers in errors) lives in ``controller.policyfile``; this module is pure.
 from __future__ import annotations
 
 import enum
+import threading
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -215,3 +216,83 @@ class ScalingPolicy(_Strict):
     kind: Literal["ScalingPolicy"] = Field(description="Document kind.")
     metadata: Metadata = Field(description="Name and labels.")
     spec: PolicySpec = Field(description="The policy.")
+
+
+_INTERNED_MAX = 4096
+"""Distinct sub-models :func:`interned` remembers before it starts afresh (a bound, not a size
+anyone should reach: a fleet's policies share a few shapes)."""
+
+_interned: dict[Any, BaseModel] = {}
+_canonical: set[int] = set()
+"""``id()`` of the models in ``_interned`` (which keeps them alive, so the ids stay theirs)."""
+_interning = threading.Lock()
+"""Policies load on the watcher's thread and the API's: the table and its ids change together."""
+
+
+def interned(model: Any) -> Any:
+    """``model`` (a frozen pydantic model) with each nested model replaced by an equal one seen
+    before, so a thousand policies written from one template hold their bounds, behaviour,
+    rule params and defaults once, not a thousand times (issue 13's memory at 1,000 models).
+    Equal means the same type, the same fields written (``model_fields_set``) and the same
+    values, compared by type too (``1`` is not ``1.0`` nor ``True``); a model holding a value with
+    no such key (a dict of rule params) is kept as it is, its nested models still shared. No value
+    changes."""
+    with _interning:
+        return _intern(model)
+
+
+def _intern(model: Any) -> Any:
+    if not isinstance(model, BaseModel) or not model.model_config.get("frozen"):
+        return model
+    changed: dict[str, Any] = {}
+    # which fields the author wrote is part of a model (policy files merge by it), so it is part
+    # of the key, and a copy keeps it (model_copy(update=...) would count the updated ones as set)
+    fields_set = frozenset(model.model_fields_set)
+    key: list[Any] = [type(model), fields_set]
+    values: dict[str, Any] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        new = _interned_value(value)
+        if new is not value:
+            changed[name] = new
+        values[name] = new
+        key.append(_key(new))
+    out = type(model).model_construct(_fields_set=set(fields_set), **values) if changed else model
+    if any(k is None for k in key):
+        return out
+    frozen_key = tuple(key)
+    found = _interned.get(frozen_key)
+    if found is not None:
+        return found
+    if len(_interned) >= _INTERNED_MAX:
+        _interned.clear()
+        _canonical.clear()
+    _interned[frozen_key] = out
+    _canonical.add(id(out))
+    return out
+
+
+def _interned_value(value: Any) -> Any:
+    """``value`` with the models in it interned: itself when none changed (so interning twice
+    makes no new object), else a new tuple, list or dict of the same items."""
+    if isinstance(value, BaseModel):
+        return _intern(value)
+    if type(value) in (tuple, list):
+        items = [_interned_value(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value)) else type(value)(items)
+    if type(value) is dict:
+        new = {k: _interned_value(v) for k, v in value.items()}
+        return value if all(new[k] is v for k, v in value.items()) else new
+    return value
+
+
+def _key(value: Any) -> Any:
+    """A hashable key equal only for equal values of the same types (``None``: none)."""
+    if isinstance(value, BaseModel):
+        return ("model", id(value)) if id(value) in _canonical else None
+    if isinstance(value, tuple):
+        parts = tuple(_key(v) for v in value)
+        return None if any(p is None for p in parts) else ("tuple", parts)
+    if value is None or isinstance(value, (str, int, float, enum.Enum)):
+        return (type(value), value)
+    return None

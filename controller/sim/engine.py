@@ -61,6 +61,7 @@ import heapq
 import math
 import time as _wall
 from datetime import datetime
+from functools import cached_property
 from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
@@ -178,13 +179,24 @@ class Simulation(Reporting):
     modules (``state`` -> ``billing`` -> ``fleet`` -> ``serving`` -> ``scrape`` -> ``results``);
     this one is the event loop and the controller's tick."""
 
-    def __init__(self, setup: SimSetup, autoscaler: Autoscaler) -> None:
-        super().__init__(setup, autoscaler)
-        # the providers a Controller sees (its tick is built in _start, after the initial fleet)
-        self.clock = SimClock(self)
-        self.metrics = SimMetrics(self)
-        self.pool_providers = {name: SimPool(self, setup.pools[name]) for name in self.model.pools}
-        self.recorder = MemoryRecorder()
+    # The providers a Controller sees (its tick is built in _start, after the initial fleet), made
+    # when first asked for: a world driven from outside (the daemon's, a run per model) never asks.
+
+    @cached_property
+    def clock(self) -> SimClock:
+        return SimClock(self)
+
+    @cached_property
+    def metrics(self) -> SimMetrics:
+        return SimMetrics(self)
+
+    @cached_property
+    def pool_providers(self) -> dict[str, SimPool]:
+        return {name: SimPool(self, self.setup.pools[name]) for name in self.model.pools}
+
+    @cached_property
+    def recorder(self) -> MemoryRecorder:
+        return MemoryRecorder()
 
     # ------------------------------------------------------------------ control
     def controller_for(self, model: ModelSpec, pools: Mapping[str, PoolSpec], decide: DecisionFunction,
@@ -304,7 +316,8 @@ class Simulation(Reporting):
         self.started = True
         self._push(0.0, EV_SCRAPE)
         self._push(self.ctrl.interval_s, EV_CTRL)
-        self._push(0.0, EV_RECORD)
+        if self.opt.run_stats:  # a run without statistics keeps no timeline
+            self._push(0.0, EV_RECORD)
         if self.ctrl.node_mode == "autoscaler":
             self._push(self.opt.ca_scan_interval_s, EV_CA)
         if self.mode == "fluid":

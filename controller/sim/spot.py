@@ -202,10 +202,15 @@ class SpotModel:
     """(start_s, end_s) intervals during which launches fail."""
     seed: int = 0
     pool: str = ""
-    _rng: np.random.Generator = field(init=False, repr=False)
+    _rng_made: np.random.Generator | None = field(default=None, init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self._rng = np.random.default_rng([self.seed, zlib.crc32(self.pool.encode())])
+    @property
+    def _rng(self) -> np.random.Generator:
+        """The pool's own draws, made at the first (a pool that never draws, as in the daemon's
+        world of a thousand models, holds no generator; the draws are the same either way)."""
+        if self._rng_made is None:
+            self._rng_made = np.random.default_rng([self.seed, zlib.crc32(self.pool.encode())])
+        return self._rng_made
 
     def capacity_nodes(self, t_s: float) -> int | None:
         """Nodes the cloud will let this pool hold at ``t_s`` (``None``: no limit)."""

@@ -32,6 +32,10 @@ EV_CTRL, EV_SCRAPE, EV_RECORD, EV_NODE_READY, EV_POD_READY, EV_NOTICE, EV_NODE_G
 _NOT_SCRAPED = Sample.missing("NotScrapedYet")
 
 
+_NONE: deque[Any] = deque(maxlen=0)
+"""Stands for the request-by-request structures of a fluid run (it keeps nothing)."""
+
+
 class SimState:
     """The state of one run and the event heap; the concerns sit on it (see the module)."""
 
@@ -83,13 +87,16 @@ class SimState:
         self.book: RequestBook | None = None
         self.n_req = 0
         self.next_req = 0
-        self.queue: deque[int] = deque()
         self.dropped = 0.0
         self.completed = 0
         self.cum_out_tokens = 0.0
         self.cum_in_tokens = 0.0
-        self.recent_e2e: deque[tuple[float, float]] = deque()
-        self.recent_ttft: deque[tuple[float, float]] = deque()
+        # request by request only: flows need no queue of request ids, nor their latencies (in
+        # fluid mode they are one shared, always empty deque: an empty deque is ~700 bytes, and
+        # the daemon's world holds one run per model)
+        self.queue: deque[int] = deque() if self.mode == "requests" else _NONE
+        self.recent_e2e: deque[tuple[float, float]] = deque() if self.mode == "requests" else _NONE
+        self.recent_ttft: deque[tuple[float, float]] = deque() if self.mode == "requests" else _NONE
         if self.mode == "requests":
             trace = setup.workload if isinstance(setup.workload, RequestTrace) else setup.workload.to_requests(
                 np.random.default_rng([setup.seed, 0xA11]))
@@ -145,14 +152,18 @@ class SimState:
         self.token_log: deque[tuple[float, float, float]] = deque()
         # timeline
         self.record_s = max(self.opt.scrape_interval_s, self._nice_interval(self.end_s / max(self.opt.record_points, 1)))
-        self.tl: dict[str, list[Any]] = {"t_s": [], "arrivals_per_s": [], "cost_per_hour_usd": [],
-                                          **{n: [] for n in model_signal_names()}, "p99_e2e_s": [], "p99_ttft_s": []}
+        self.tl: dict[str, list[Any]] = {}
         """The timeline: a point every ``record_s`` of the run's figures, every signal's last scrape
-        (its name in the signal table) and each pool's desired, ready and nodes."""
-        for name in self.pools:
-            self.tl[f"desired:{name}"] = []
-            self.tl[f"ready:{name}"] = []
-            self.tl[f"nodes:{name}"] = []
+        (its name in the signal table) and each pool's desired, ready and nodes; none in a run
+        without statistics (``EngineOptions.run_stats``: the daemon's world, which nobody reads
+        but through its scrapes: ~40 lists a model)."""
+        if self.opt.run_stats:
+            self.tl.update({"t_s": [], "arrivals_per_s": [], "cost_per_hour_usd": [],
+                            **{n: [] for n in model_signal_names()}, "p99_e2e_s": [], "p99_ttft_s": []})
+            for name in self.pools:
+                self.tl[f"desired:{name}"] = []
+                self.tl[f"ready:{name}"] = []
+                self.tl[f"nodes:{name}"] = []
         self.rec_arrivals = 0.0
         self.rec_hist_ttft = ZERO_HIST
         self.rec_hist_e2e = ZERO_HIST
