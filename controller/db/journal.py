@@ -27,11 +27,11 @@ decoded while the database is away): whole at start, a slice a tick while the da
 slice in one transaction that also records the journal's id and the byte offset it reached, and
 only once the last is committed removes the file: a daemon killed between a commit and the next
 slice, or the removal, goes on from that offset without writing any entry twice. A slice ends
-only before a tick's intents line, so the outcomes it holds name intents it holds. A line torn by a crash during its own append (the
-intents it held were never acted on: acting waits for the append to return) is skipped with a
-warning; the next append starts on a line of its own. An append the disk refuses (full, read-only)
-raises ``OSError`` and leaves the file as it was (best effort: a short write is cut back), so the
-tick acts on nothing it could not record.
+only before a tick's intents line, so the outcomes it holds name intents it holds. A line torn
+by a crash during its own append (the intents it held were never acted on: acting waits for the
+append to return) is skipped with a warning; the next append starts on a line of its own. An
+append the disk refuses (full, read-only) raises ``OSError`` and leaves the file as it was (best
+effort: a short write is cut back), so the tick acts on nothing it could not record.
 """
 
 from __future__ import annotations

@@ -458,9 +458,10 @@ class Repository:
         reads the lines from a byte offset, decoding each as it is read (nothing is decoded while
         the database is away). With ``budget_s`` the call stops before the first tick's line it
         reaches after that many seconds, having written at least two ticks' lines (more than the
-        tick that replays it appends behind: the journal drains however slow a slice): a running daemon replays a
-        long journal a slice a tick (``Recorder.replay``) instead of stopping its ticks for the
-        whole of it; without, it writes every line. Entries go in ``_REPLAY_BATCH`` at a time."""
+        tick that replays it appends behind, so the journal drains however slow a slice): a
+        running daemon replays a long journal a slice a tick (``Recorder.replay``) instead of
+        stopping its ticks for the whole of it; without, it writes every line. Entries go in
+        ``_REPLAY_BATCH`` at a time."""
         deadline = None if budget_s is None else time.monotonic() + budget_s
         handles: dict[int, int] = {}
         chains: dict[str, _Chain] = {}
