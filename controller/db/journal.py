@@ -137,8 +137,12 @@ class Journal:
                 yield JournalLine(end, False, [doc])
 
     def size(self) -> int:
-        """Bytes in the journal (0: none)."""
-        return self.path.stat().st_size if self.exists() else 0
+        """Bytes in the journal (0: none, or not a regular file); one ``stat``: it runs every tick."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return 0
+        return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
     def _lines(self, offset: int = 0) -> Iterator[tuple[int, dict[str, Any] | None]]:
         """Each line from byte ``offset``, parsed (its intents still packed), with the offset just
