@@ -32,6 +32,10 @@ For each fleet size N (one fresh process per run, so memory figures are the run'
   ``rss_mb - world_mb``: the daemon's own memory as the cluster's stand-in leaves it, an upper
   bound (what the world grows as it runs, pods, nodes and scrapes, is still counted in it).
 
+``machine_probe_ms`` (once per invocation, beside the runs) is the least of seven timings of a
+fixed pure-Python workload (:func:`machine_probe`): the figures above depend on the machine, so
+two runs compare only where their probes are close.
+
 With ``--shards`` it also runs 10,000 models across 10 replicas (100 buckets, each replica acting
 on its share of 10, as ``leader_election.buckets`` settles them; one database, one simulated world):
 the per-tick figures are medians over every replica's ticks (each ~1,000 models), ``ready_s`` is
@@ -49,6 +53,7 @@ quoting them.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -416,6 +421,23 @@ def _in_subprocess(n: int, db: str, ticks: int, replicas: int) -> dict[str, Any]
     return result
 
 
+def machine_probe() -> float:
+    """Milliseconds, the least of seven timings, of a fixed pure-Python workload (building,
+    hashing, sorting and formatting 60,000 small tuples): a yardstick of the machine, not of
+    tidegate, printed beside the figures so runs on different machines are not compared as if
+    the code had changed. On the same machine it varies by about 10 % between invocations."""
+    def once() -> float:
+        gc.collect()
+        t0 = time.perf_counter()
+        rows = [(i % 97, f"model-{i:05d}", i * 0.5) for i in range(60_000)]
+        index = {r[1]: r for r in rows}
+        ordered = sorted(rows, key=lambda r: (r[0], -r[2]))
+        text = ",".join(f"{k}={v[2]:.1f}" for k, v in index.items() if v[0] % 3 == 0)
+        assert len(ordered) == len(rows) and text
+        return (time.perf_counter() - t0) * 1000.0
+    return round(min(once() for _ in range(7)), 1)
+
+
 def _table(runs: list[dict[str, Any]]) -> str:
     cols = ("models", "database", "replicas", "world_s", "tick_s", "tick_cpu_s", "observe_s", "decide_s", "act_s", "record_s", "scrape_s",
             "bytes_per_decision", "rss_mb", "world_mb", "daemon_rss_mb", "rss_growth_mb", "ready_s", "world_build_s")
@@ -456,10 +478,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {n} models on {db}: tick {runs[-1]['tick_s']} s", file=sys.stderr)
         if args.shards:
             runs.append(_in_subprocess(args.shard_models, db, args.shard_ticks, 10))
+    probe = machine_probe()
     if args.json:
-        print(json.dumps({"runs": runs, "targets": TARGETS}))
+        print(json.dumps({"runs": runs, "targets": TARGETS, "machine_probe_ms": probe}))
     else:
         print(_table(runs))
+        print(f"machine probe: {probe} ms (a fixed pure-Python workload; compare runs only where it is close)")
     return 0
 
 

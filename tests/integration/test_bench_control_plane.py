@@ -30,6 +30,7 @@ def test_control_plane_bench_prints_one_json_object_with_every_field() -> None:
     assert (single["models"], single["replicas"]) == (3, 1)
     assert (sharded["models"], sharded["replicas"]) == (30, 10)
     assert out["targets"] == {"tick_s": 0.5, "rss_mb": 200.0, "bytes_per_decision": 1024.0, "ready_s": 5.0}
+    assert out["machine_probe_ms"] > 0  # the machine's yardstick, printed beside the figures
 
 
 def test_record_tick_bench_writes_a_captured_tick_and_prints_its_cost() -> None:
