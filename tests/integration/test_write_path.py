@@ -313,10 +313,16 @@ def test_postgresql_stopped_mid_run_loses_no_decision_and_releases_nothing(
         gap = [tick(rt, clock, fleet, q) for q in (12, 12, 12, 2, 2, 2)]
         assert all(r.journaled for r in gap), [r.errors for r in gap]
         assert journal.exists()
-        # users see it: the daemon's own metrics (and /v1/status, once it can read the log) show
-        # what waits in the journal
+        # users see it: the daemon's own metrics and /v1/status (which answers without the
+        # database, for the status page's flag) show what waits in the journal, since when and why
         waiting = journal.stat().st_size
-        assert rt.daemon.journal_status() == {"path": str(journal), "bytes": waiting, "replaying": False}
+        kinds = [e["kind"] for e in Journal(journal).entries()]
+        status = rt.daemon.status()["journal"]
+        assert status == rt.daemon.journal_status()
+        assert {k: v for k, v in status.items() if k != "database_error"} == {
+            "path": str(journal), "bytes": waiting, "decisions": 6, "outcomes": kinds.count("outcome"),
+            "since": (T0 + timedelta(seconds=10)).isoformat(), "replaying": False}
+        assert kinds.count("intent") == 6 and status["database_error"], status
         assert f"tidegate_journal_bytes {float(waiting)}" in rt.daemon.metrics.render().decode()
         assert fleet.replica_history() == [4, 12], "the scale-up happened, nothing was released"
         assert gap[3].decisions["llama"].replicas < 12, "a scale-down was decided in the gap"
@@ -324,7 +330,8 @@ def test_postgresql_stopped_mid_run_loses_no_decision_and_releases_nothing(
         back = tick(rt, clock, fleet, 2)
         assert back.ok and not back.journaled, back.errors
         assert not journal.exists(), "the journal is removed once replayed"
-        assert rt.daemon.status()["journal"] == {"path": str(journal), "bytes": 0, "replaying": False}
+        assert rt.daemon.status()["journal"] == {"path": str(journal), "bytes": 0, "decisions": 0, "outcomes": 0,
+                                                 "since": None, "replaying": False, "database_error": None}
         assert "tidegate_journal_bytes 0.0" in rt.daemon.metrics.render().decode()
         repo = rt.daemon.repo
         rows = decisions(repo)
