@@ -598,6 +598,11 @@ class Controller:
             self._remember(decision, signals[name], ids[name], outcome, report)
         return report
 
+    def overrides_in_force(self, now: datetime) -> list[Override]:
+        """The overrides the last tick read, less those expired by ``now``: what stays in force
+        while the recorder cannot answer."""
+        return [o for o in self._last_overrides if o.expires_at is None or o.expires_at > now]
+
     def _overrides(self, now: datetime) -> dict[str, list[Override]]:
         """Every model's overrides, read once per tick; while the recorder cannot answer, the last
         ones read stay in force (a pin must not lapse because the database is away)."""
@@ -605,7 +610,7 @@ class Controller:
             found = self.recorder.overrides(now)
         except Exception as e:  # noqa: BLE001
             log(logger, logging.WARNING, "overrides unreadable; the last ones read stay in force", error=str(e))
-            found = [o for o in self._last_overrides if o.expires_at is None or o.expires_at > now]
+            found = self.overrides_in_force(now)
         self._last_overrides = list(found)
         out: dict[str, list[Override]] = {}
         for o in found:

@@ -30,7 +30,7 @@ from controller.controller import Controller, TickReport
 from controller.core.model import Action, Decision, ModelSignals, ModelSpec, PoolSpec
 from controller.core.pricing import OnPremCost
 from controller.db.journal import Journal
-from controller.db.recorder import RepositoryRecorder
+from controller.db.recorder import UNAVAILABLE, RepositoryRecorder
 from controller.db.repo import Repository
 from controller.logs import log
 from controller.metrics import DaemonMetrics
@@ -314,11 +314,18 @@ class Daemon:
 
     def journal_status(self) -> dict[str, Any] | None:
         """The local journal (``None``: none configured): its path, the bytes waiting in it to be
-        replayed into the decision log, and whether a replay is under way (a slice a tick)."""
-        journal = self.recorder.journal
+        replayed into the decision log, the decisions among them not in the log yet and the
+        outcomes, when the oldest of those decisions was made (daemon clock), whether a replay is
+        under way (a slice a tick), and why the database refused the last write (``None``: it
+        took the last one)."""
+        rec = self.recorder
+        journal = rec.journal
         if journal is None:
             return None
-        return {"path": str(journal.path), "bytes": journal.size(), "replaying": self.recorder.replaying}
+        since = journal.since()
+        return {"path": str(journal.path), "bytes": journal.size(), "decisions": rec.waiting(),
+                "outcomes": journal.outcomes(), "since": None if since is None else since.isoformat(),
+                "replaying": rec.replaying, "database_error": rec.refused}
 
     def _finish_tick(self, report: TickReport, now: datetime, transient_failures: int) -> None:
         journal = self.recorder.journal
@@ -427,7 +434,12 @@ class Daemon:
     def status(self) -> dict[str, Any]:
         """``/v1/status``'s body (``controller.status``)."""
         now = self.clock.now()
-        overrides = self.repo.active_overrides(now)
+        try:
+            overrides = self.repo.active_overrides(now)
+        except UNAVAILABLE:
+            # the database is away: the status answers all the same (the page's journal flag needs
+            # it then most), with the overrides in force for the ticks (the last read)
+            overrides = self.controller.overrides_in_force(now)
         policies = self.policy_store.policies()
         degraded = dict(degraded_models(self.metrics_source))
         ctl = self.controller

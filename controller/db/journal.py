@@ -32,6 +32,10 @@ by a crash during its own append (the intents it held were never acted on: actin
 append to return) is skipped with a warning; the next append starts on a line of its own. An
 append the disk refuses (full, read-only) raises ``OSError`` and leaves the file as it was (best
 effort: a short write is cut back), so the tick acts on nothing it could not record.
+
+What waits in it (``decisions``, ``outcomes``, ``since``: ``/v1/status``'s ``journal`` and the
+status page's flag) is counted as it is appended; a journal found at start is read once for it,
+decoding only its first intents line (the time of its oldest decision).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import stat
 import uuid
 import zlib
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -92,7 +97,8 @@ class Journal:
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        self._next_handle = self._lowest_handle() - 1
+        lowest, self._outcomes, self._since = self._scan()
+        self._next_handle = lowest - 1
 
     def exists(self) -> bool:
         """The journal holds something (a regular, non-empty file)."""
@@ -161,18 +167,39 @@ class Journal:
                         offset=start)
                     yield end, None
 
-    def _lowest_handle(self) -> int:
-        """The lowest handle the journal's intents hold (0: none), from the lines' ``handle`` and
-        ``n`` (intents are not decoded)."""
-        low = 0
+    def _scan(self) -> tuple[int, int, datetime | None]:
+        """What the journal holds, read once when it is opened: the lowest handle of its intents
+        (0: none), from the lines' ``handle`` and ``n``; its outcomes; and when its oldest intent
+        was decided, from the first intents line (the only one decoded)."""
+        low, outcomes, since = 0, 0, None
         for _, entry in self._lines():
             if entry is None:
                 continue
-            if entry.get("kind") == "intents":
+            kind = entry.get("kind")
+            if kind == "intents":
                 low = min(low, int(entry["handle"]) - int(entry["n"]) + 1)
-            elif entry.get("kind") == "intent":
+            elif kind == "intent":
                 low = min(low, int(entry["handle"]))
-        return low
+            elif kind == "outcome":
+                outcomes += 1
+            if since is None and kind in ("intents", "intent"):
+                body: Any = _unpack(entry["z"]) if "z" in entry else entry
+                first = body[0] if kind == "intents" else body  # a tick's block, or one intent
+                since = codec.decode_datetime(first["decision"]["at"])
+        return low, outcomes, since
+
+    def decisions(self) -> int:
+        """Decisions (intents) the journal holds: its handles run from -1 down, one each."""
+        return -1 - self._next_handle
+
+    def outcomes(self) -> int:
+        """Outcomes the journal holds (of its own intents, or of decisions already in the log)."""
+        return self._outcomes
+
+    def since(self) -> datetime | None:
+        """When the oldest decision the journal holds was made (the daemon's clock; ``None``: it
+        holds none)."""
+        return self._since
 
     def append_intents(self, items: Sequence[tuple[Decision, ModelSignals]], dry_run: bool,
                        skipped: Sequence[str | None] = ()) -> list[int]:
@@ -189,6 +216,8 @@ class Journal:
                        "z": _pack(block)}])
         handles = list(range(self._next_handle, self._next_handle - len(items), -1))
         self._next_handle -= len(items)
+        if self._since is None:
+            self._since = items[0][0].at
         return handles
 
     def append_outcomes(self, items: Sequence[tuple[int, Sequence[Action], str, str | None, int | None]]) -> None:
@@ -198,6 +227,7 @@ class Journal:
              "outcome": outcome, "detail": detail, "applied_replicas": applied}
             for i, actions, outcome, detail, applied in items
         ])
+        self._outcomes += len(items)
 
     def _append(self, entries: list[dict[str, Any]]) -> None:
         """Write ``entries`` as lines, whole, and ``fsync`` them; on any error cut the file back
@@ -246,4 +276,4 @@ class Journal:
         if self.exists():
             self.path.unlink()
             self._sync_dir()
-        self._next_handle = -1
+        self._next_handle, self._outcomes, self._since = -1, 0, None

@@ -48,10 +48,21 @@ class RepositoryRecorder:
         self.repo = repo
         self.journal = journal
         self._settled: dict[int, str] = {}
-        self.replaying = False
-        """The database took the last replay's slice, and more of the journal waits for the next."""
         """Intents stored ``skipped`` at once (decisions that act on nothing: those that do not
         actuate, and shadow decisions), with their detail."""
+        self.replaying = False
+        """The database took the last replay's slice, and more of the journal waits for the next."""
+        self.refused: str | None = None
+        """Why the database refused the last write or replay, in the driver's words (``None``: it
+        took the last one)."""
+        self._replayed = 0
+        """Decisions of the waiting journal already written by this recorder's replay slices."""
+
+    def waiting(self) -> int:
+        """Decisions in the journal not yet in the decision log (0: none, or no journal). Of a
+        journal another daemon had partly replayed before it died, what that daemon wrote counts
+        too, until the replay completes."""
+        return 0 if self.journal is None else max(0, self.journal.decisions() - self._replayed)
 
     # --- reads ---------------------------------------------------------------------------------
 
@@ -85,8 +96,11 @@ class RepositoryRecorder:
         now = items[0][0].at if items else None
         if now is None or self.replay(now):
             try:
-                return RecordedIntents(self.repo.record_decisions([(d, sig, dry_run) for d, sig in items], skipped))
+                recorded = RecordedIntents(self.repo.record_decisions([(d, sig, dry_run) for d, sig in items], skipped))
+                self.refused = None
+                return recorded
             except UNAVAILABLE as e:
+                self.refused = _words(e)
                 if self.journal is None:
                     raise
                 log(logger, logging.WARNING, "database refused the intents; journaled locally, only scale-ups act",
@@ -107,7 +121,9 @@ class RepositoryRecorder:
             return
         try:
             self.repo.record_outcomes(rows)
+            self.refused = None
         except UNAVAILABLE as e:
+            self.refused = _words(e)
             if self.journal is None:
                 raise
             log(logger, logging.WARNING, "database refused the outcomes; journaled locally", error=_words(e))
@@ -125,14 +141,18 @@ class RepositoryRecorder:
             progress = self.repo.replay_journal(journal_id, self.journal.read_from, now,
                                                 budget_s=None if whole else REPLAY_SLICE_S)
         except UNAVAILABLE as e:
-            log(logger, logging.DEBUG, "journal not replayed yet: database unavailable", error=_words(e))
+            self.refused = _words(e)
+            log(logger, logging.DEBUG, "journal not replayed yet: database unavailable", error=self.refused)
             return False
+        self.refused = None
+        self._replayed += progress.written
         if not progress.complete:
             self.replaying = True
             log(logger, logging.INFO, "journal replay goes on next tick", journal=journal_id,
                 decisions=progress.written, journal_bytes=self.journal.size())
             return False
         self.journal.remove()
+        self._replayed = 0
         log(logger, logging.INFO, "journal replayed into the decision log", journal=journal_id,
             decisions=progress.written)
         return True

@@ -53,6 +53,10 @@
   const fmt = (v, digits) => (v === null || v === undefined || Number.isNaN(v)) ? "-" : Number(v).toFixed(digits === undefined ? 0 : digits);
   const money = (v) => (v === null || v === undefined) ? "-" : "$" + Number(v).toFixed(2);
   const time = (iso) => iso ? iso.replace("T", " ").replace(/(\.\d+)?(\+00:00|Z)$/, "") : "-";
+  function size(bytes) {
+    return bytes < 1024 * 1024 ? `${(bytes / 1024).toFixed(1)} KB` : `${(bytes / 1024 / 1024).toFixed(1)} MB`;
+  }
+  const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
   function duration(seconds) {
     if (seconds === null || seconds === undefined) return "no expiry";
     if (seconds <= 0) return "expired";
@@ -240,16 +244,37 @@
               ["p99 SLO", TARGET, "dashed"], ["decision that changed replicas (click)", "#888", "marker"]]));
   }
 
+  // ---- the local journal: decisions the database has not taken yet ------------------------------
+  function journalWaiting(j) {  // null when nothing waits (no journal configured, or an empty one)
+    if (!j || !j.bytes) return null;
+    return j.decisions ? plural(j.decisions, "decision") : j.outcomes ? plural(j.outcomes, "outcome") : "entries";
+  }
+  function journalFlag(j, now) {
+    const what = journalWaiting(j);
+    if (!what) return null;
+    // HH:MM of the daemon's clock, like the header's time; with the date when it is another day
+    const sameDay = j.since && now && j.since.slice(0, 10) === now.slice(0, 10);
+    const since = j.since ? ` since ${time(j.since).slice(sameDay ? 11 : 0, 16)}` : "";
+    const why = j.replaying ? "replaying into the database" : j.database_error ? "database unreachable" : "waiting to be replayed";
+    return el("span", {class: "flag", id: "journal-flag", title: j.database_error ? `the database refused: ${j.database_error}` : j.path},
+      `journal: ${what} waiting (${size(j.bytes)})${since} \u2014 ${why}`);
+  }
+  function journalNote() {
+    const what = journalWaiting(state.status && state.status.journal);
+    return what ? el("p", {class: "notice", id: "decisions-journal"}, `Not listed yet: ${what} in the daemon's local ` +
+      "journal, which the database did not take; the daemon writes them to the decision log when it does.") : null;
+  }
+
   // ---- decisions -----------------------------------------------------------------------------
   async function renderDecisions() {
     const r = await api("v1/decisions?limit=12");
-    if (!r.ok) { section("decisions", "Decisions", el("p", {class: "error"}, problem(r))); return; }
+    if (!r.ok) { section("decisions", "Decisions", journalNote(), el("p", {class: "error"}, problem(r))); return; }
     const rows = r.body.items.map((d) => el("tr", {"data-decision": d.id, class: "clickable", onclick: () => openDecision(d.id)},
       el("td", {}, el("button", {type: "button", class: "link"}, `#${d.id}`)), el("td", {}, time(d.at)), el("td", {}, d.model),
       el("td", {class: "num"}, `${d.current_replicas} \u2192 ${d.replicas}`),
       el("td", {}, Object.entries(d.placement).filter(([, n]) => n).map(([p, n]) => `${p}=${n}`).join(", ") || "none"),
       el("td", {class: "num"}, money(d.cost_per_hour_usd)), el("td", {}, d.reason), el("td", {}, d.outcome || "-")));
-    section("decisions", "Decisions (newest first; click one for its trace)",
+    section("decisions", "Decisions (newest first; click one for its trace)", journalNote(),
       table(["id", "at", "model", "replicas", "placement", "$/h", "reason", "outcome"], rows, {class: "decisions"}));
   }
   async function openDecision(id) {
@@ -392,7 +417,8 @@
     const flags = document.getElementById("flags");
     flags.replaceChildren(...[el("span", {}, `daemon time ${time(r.body.at)}`),
       r.body.paused ? el("span", {class: "flag"}, "paused") : null,
-      r.body.dry_run ? el("span", {class: "flag"}, "dry run") : null].filter((x) => x));
+      r.body.dry_run ? el("span", {class: "flag"}, "dry run") : null,
+      journalFlag(r.body.journal, r.body.at)].filter((x) => x));
     renderFleet(r.body);
     return true;
   }

@@ -25,6 +25,7 @@ from controller.db.repo import Repository
 
 if TYPE_CHECKING:
     from tests.integration.gcp_server import GcpComputeServer
+    from tests.integration.own_postgres import OwnPostgres
     from tests.integration.peers import AwsPeer, KubePeer
 
 # --- test outcomes for fixtures ----------------------------------------------------------------
@@ -131,6 +132,20 @@ def pg_url(postgres_url: str) -> str:
     mark them ``@pytest.mark.postgres``)."""
     _reset_postgres(postgres_url)
     return postgres_url
+
+
+@pytest.fixture
+def own_postgres() -> Iterator["OwnPostgres"]:
+    """A PostgreSQL server of the test's own, started, which the test may stop and start
+    (``tests.integration.own_postgres``); removed after the test."""
+    from tests.integration.own_postgres import OwnPostgres
+
+    pg = OwnPostgres()
+    try:
+        pg.start()
+        yield pg
+    finally:
+        pg.close()
 
 
 # --- metrics: a real Prometheus scraping loopback exporters (tests.integration.exporters) -------------

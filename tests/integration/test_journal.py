@@ -67,6 +67,36 @@ def test_a_ticks_intents_are_one_line_read_back_in_order_after_the_previous_form
     assert [e["dry_run"] for e in new] == [False] * 3 + [True] * 2
 
 
+def test_what_waits_in_a_journal_is_counted_as_it_grows_and_read_back_when_it_is_opened(tmp_path: Path) -> None:
+    """What ``/v1/status`` and the status page say waits (``decisions``, ``outcomes``, ``since``):
+    counted as ticks append, the same when a daemon opens the journal at start (the previous
+    format's lines included, a torn line not counted), nothing once the journal is removed."""
+    path = tmp_path / "journal.jsonl"
+    shutil.copy(Path(__file__).with_name("journal_v1.jsonl"), path)
+    journal = Journal(path)
+    assert (journal.decisions(), journal.outcomes(), journal.since()) == (2, 1, T0 - timedelta(seconds=10))
+    journal.append_intents(tick_items(3, T0), dry_run=False)
+    journal.append_outcomes([(-3, [], "applied", None, None), (-4, [], "applied", None, None)])
+    counted = (journal.decisions(), journal.outcomes(), journal.since())
+    assert counted == (5, 3, T0 - timedelta(seconds=10))
+    assert (Journal(path).decisions(), Journal(path).outcomes(), Journal(path).since()) == counted
+
+    whole = path.read_bytes()
+    journal.append_intents(tick_items(2, T0 + timedelta(seconds=5)), dry_run=False)
+    assert journal.decisions() == 7
+    path.write_bytes(path.read_bytes()[:len(whole) + 40])  # that tick's line, torn by a crash
+    assert Journal(path).decisions() == 5, "a torn line's intents were never acted on"
+
+    journal.remove()
+    assert (journal.decisions(), journal.outcomes(), journal.since()) == (0, 0, None)
+    fresh = Journal(tmp_path / "fresh.jsonl")
+    assert (fresh.decisions(), fresh.outcomes(), fresh.since()) == (0, 0, None)
+    fresh.append_outcomes([(12, [], "applied", None, None)])  # the database took the intent, not its outcome
+    assert (fresh.decisions(), fresh.outcomes(), fresh.since()) == (0, 1, None)
+    fresh.append_intents(tick_items(1, T0 + timedelta(seconds=5)), dry_run=False)
+    assert (fresh.decisions(), fresh.since()) == (1, T0 + timedelta(seconds=5))
+
+
 def test_a_shadow_decision_journaled_while_the_database_is_away_is_replayed_skipped(
         tmp_path: Path, migrated_db_url: str) -> None:
     """The recorder journals a tick of two models, one in shadow mode, while the database refuses
@@ -77,6 +107,7 @@ def test_a_shadow_decision_journaled_while_the_database_is_away_is_replayed_skip
                                   journal)
     recorded = recorder.intents(tick_items(2, T0), dry_run=False, shadow={"m0"})
     assert recorded.journaled and not recorded.behind_replay  # the database refused them
+    assert recorder.waiting() == 2 and recorder.refused, "and says why (/v1/status)"
     shadow, acting = recorded.ids
     recorder.outcomes([Outcome(shadow, [], "skipped", SHADOW_DETAIL), Outcome(acting, [], "applied")])
     assert [(e["kind"], e.get("handle", e.get("decision_id"))) for e in journal.entries()] == [
@@ -84,6 +115,7 @@ def test_a_shadow_decision_journaled_while_the_database_is_away_is_replayed_skip
     recorder.repo = Repository(migrated_db_url)
     try:
         assert recorder.replay(T0) and not journal.exists()
+        assert recorder.waiting() == 0 and recorder.refused is None
         rows = {r["model"]: r for r in recorder.repo.all_decisions()}
         assert (rows["m0"]["outcome"], rows["m0"]["outcome_detail"]) == ("skipped", SHADOW_DETAIL)
         assert rows["m1"]["outcome"] == "applied" and not recorder.repo.pending_decisions()
@@ -213,18 +245,20 @@ def test_ticks_go_on_while_a_long_journal_drains_their_intents_queued_behind_it(
     journal = _journal_of_ticks(tmp_path / "journal.jsonl", ticks=5, models=2)
     recorder = RepositoryRecorder(Repository(migrated_db_url), journal)
     try:
-        journaled = []
+        journaled, waiting = [], []
         for k in range(5, 11):
             at = T0 + timedelta(seconds=5 * k)
             recorded = recorder.intents(tick_items(2, at), dry_run=False)
             recorder.outcomes([Outcome(i, [], "applied") for i in recorded.ids])
             journaled.append((recorded.journaled, recorded.behind_replay))
+            waiting.append(recorder.waiting())
             if not recorded.journaled:
                 break
         # 5 ticks waiting; each tick writes two and adds one behind (4, 3, 2 wait after it), the
         # fourth writes the last two and its own intents go to the database
         # behind a replay, not refused: the daemon says so, and stays ready (``Daemon._tick``)
         assert journaled == [(True, True)] * 3 + [(False, False)] and not journal.exists()
+        assert waiting == [8, 6, 4, 0] and recorder.refused is None, "what the status page counts down"
         rows = sorted(recorder.repo.all_decisions(), key=lambda r: r["id"])
         assert [r["at"] for r in rows] == sorted(r["at"] for r in rows) and len(rows) == 18
         assert {r["outcome"] for r in rows} == {"applied"}

@@ -22,6 +22,7 @@ import pytest
 
 from controller.ui import COOKIE, UI_HEADER
 from tests.integration.daemon_harness import Harness, build_harness, serving
+from tests.integration.own_postgres import OwnPostgres
 
 MODEL = "llama3-70b-fp8"
 TOKENS = {"TIDEGATE_ADMIN_TOKENS": "ops-admin:adm-7Hq2-secret", "TIDEGATE_VIEWER_TOKENS": "ops-viewer:view-9Kd4-secret"}
@@ -203,6 +204,51 @@ def test_an_admin_sets_and_removes_an_override_from_the_page(fleet: tuple[Harnes
     WebDriverWait(drv, WAIT_S).until(lambda d: not d.find_elements(By.CSS_SELECTOR, f"tr[data-override='{active.id}']"))
     assert h.repo.active_overrides(h.clock.now(), model=MODEL) == []
     assert _script_errors(drv) == []
+
+
+def test_decisions_waiting_in_the_journal_are_flagged_until_the_database_takes_them(
+        browser: Any, own_postgres: OwnPostgres, tmp_path: Path) -> None:
+    """The decision log's PostgreSQL stops under a running daemon: its ticks go to the local
+    journal, and the page (which keeps refreshing) says so in its header and above the decision
+    list; once the server is back, the next tick replays the journal and both go away."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    journal = tmp_path / "journal.jsonl"
+    h = build_harness(tmp_path, db_url=own_postgres.url, config_updates={"database": {"journal_path": str(journal)}},
+                      start=datetime(2026, 11, 2, 6, 0, tzinfo=timezone.utc))
+    try:
+        assert all(r.ok for r in h.run(60, step_s=15))
+        with serving(h, TOKENS) as base:
+            drv = browser
+            _login(drv, base, VIEWER)
+            assert not drv.find_elements(By.ID, "journal-flag") and not drv.find_elements(By.ID, "decisions-journal")
+
+            own_postgres.stop()
+            gap = h.run(45, step_s=15)
+            assert all(r.journaled for r in gap), [r.errors for r in gap]
+            waiting = h.daemon.journal_status()
+            assert waiting is not None and waiting["decisions"] == len(gap) * len(h.daemon.models)
+            flag = _wait_text(drv, "#flags #journal-flag", f"journal: {waiting['decisions']} decisions waiting")
+            assert flag.text == (f"journal: {waiting['decisions']} decisions waiting ({waiting['bytes'] / 1024:.1f} KB) "
+                                 "since 06:01 \u2014 database unreachable")
+            assert waiting["database_error"] and waiting["database_error"] in (flag.get_attribute("title") or "")
+            note = _wait_text(drv, "#decisions #decisions-journal", "Not listed yet")
+            assert f"Not listed yet: {waiting['decisions']} decisions in the daemon's local journal" in note.text
+            drv.save_screenshot(str(_artifacts(tmp_path) / "ui-journal.png"))
+
+            own_postgres.start()
+            assert all(r.ok and not r.journaled for r in h.run(15, step_s=15))
+            assert not journal.exists(), "replayed whole and removed"
+            WebDriverWait(drv, WAIT_S).until(
+                lambda d: not d.find_elements(By.ID, "journal-flag") and not d.find_elements(By.ID, "decisions-journal"),
+                message="the journal flag stayed after the replay")
+            # the decisions the journal held are listed now
+            newest = h.repo.list_decisions(model=MODEL, limit=1)[0]
+            _wait_text(drv, f"#decisions tr[data-decision='{newest['id']}']", f"#{newest['id']}")
+            assert _script_errors(drv) == []
+    finally:
+        h.close()
 
 
 def test_api_ui_false_serves_no_page(tmp_path: Path) -> None:

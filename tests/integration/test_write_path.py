@@ -16,19 +16,14 @@ keeps every version of the Deployment) against the decision log:
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
-import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -48,6 +43,7 @@ from controller.db.repo import ReplayProgress, Repository, make_engine
 from controller.runtime import Runtime, build_runtime
 from providers.clock import ManualClock
 from tests.integration.daemon_process import FileLoad
+from tests.integration.own_postgres import OwnPostgres
 from tests.integration.peers import KubeControllers, KubePeer
 from tests.integration.test_db_repo import decision_for, signals_for
 
@@ -285,56 +281,6 @@ def test_a_shadow_daemon_killed_between_intent_and_outcome_leaves_nothing_to_rec
 T0 = datetime(2026, 11, 2, tzinfo=timezone.utc)
 
 
-class OwnPostgres:
-    """A PostgreSQL server of the test's own (``initdb`` into a temporary folder, a free port),
-    which the test stops and starts; run as the ``postgres`` user when the tests run as root."""
-
-    def __init__(self) -> None:
-        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-        if not found:
-            pytest.skip("no PostgreSQL server binaries (/usr/lib/postgresql/*/bin/initdb): apt-get install postgresql")
-        self.bin = Path(found[-1]).parent
-        self.user: list[str] = []
-        self.dir = Path(tempfile.mkdtemp(prefix="tidegate-pg-"))
-        if os.geteuid() == 0:
-            try:
-                pw = pwd.getpwnam("postgres")
-            except KeyError:
-                pytest.skip("running as root without a 'postgres' user to run the server as")
-            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
-            self.user = ["runuser", "-u", "postgres", "--"]
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self._run("initdb", "-D", str(self.dir / "data"), "-U", "postgres", "-A", "trust")
-        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres?connect_timeout=3"
-
-    def _run(self, tool: str, *args: str) -> None:
-        subprocess.run([*self.user, str(self.bin / tool), *args], check=True, capture_output=True, timeout=120)
-
-    def start(self) -> None:
-        self._run("pg_ctl", "-D", str(self.dir / "data"), "-w", "-l", str(self.dir / "log"), "-o",
-                  f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
-
-    def stop(self) -> None:
-        self._run("pg_ctl", "-D", str(self.dir / "data"), "-w", "-m", "immediate", "stop")
-
-    def close(self) -> None:
-        with contextlib.suppress(subprocess.CalledProcessError):
-            self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-@pytest.fixture
-def own_postgres() -> Iterator[OwnPostgres]:
-    pg = OwnPostgres()
-    try:
-        pg.start()
-        yield pg
-    finally:
-        pg.close()
-
-
 def manual_daemon(fleet: Fleet) -> tuple[Runtime, ManualClock]:
     """The daemon as ``tidegate run`` builds it from the fleet's config, on a manual clock."""
     clock = ManualClock(T0)
@@ -367,10 +313,16 @@ def test_postgresql_stopped_mid_run_loses_no_decision_and_releases_nothing(
         gap = [tick(rt, clock, fleet, q) for q in (12, 12, 12, 2, 2, 2)]
         assert all(r.journaled for r in gap), [r.errors for r in gap]
         assert journal.exists()
-        # users see it: the daemon's own metrics (and /v1/status, once it can read the log) show
-        # what waits in the journal
+        # users see it: the daemon's own metrics and /v1/status (which answers without the
+        # database, for the status page's flag) show what waits in the journal, since when and why
         waiting = journal.stat().st_size
-        assert rt.daemon.journal_status() == {"path": str(journal), "bytes": waiting, "replaying": False}
+        kinds = [e["kind"] for e in Journal(journal).entries()]
+        status = rt.daemon.status()["journal"]
+        assert status == rt.daemon.journal_status()
+        assert {k: v for k, v in status.items() if k != "database_error"} == {
+            "path": str(journal), "bytes": waiting, "decisions": 6, "outcomes": kinds.count("outcome"),
+            "since": (T0 + timedelta(seconds=10)).isoformat(), "replaying": False}
+        assert kinds.count("intent") == 6 and status["database_error"], status
         assert f"tidegate_journal_bytes {float(waiting)}" in rt.daemon.metrics.render().decode()
         assert fleet.replica_history() == [4, 12], "the scale-up happened, nothing was released"
         assert gap[3].decisions["llama"].replicas < 12, "a scale-down was decided in the gap"
@@ -378,7 +330,8 @@ def test_postgresql_stopped_mid_run_loses_no_decision_and_releases_nothing(
         back = tick(rt, clock, fleet, 2)
         assert back.ok and not back.journaled, back.errors
         assert not journal.exists(), "the journal is removed once replayed"
-        assert rt.daemon.status()["journal"] == {"path": str(journal), "bytes": 0, "replaying": False}
+        assert rt.daemon.status()["journal"] == {"path": str(journal), "bytes": 0, "decisions": 0, "outcomes": 0,
+                                                 "since": None, "replaying": False, "database_error": None}
         assert "tidegate_journal_bytes 0.0" in rt.daemon.metrics.render().decode()
         repo = rt.daemon.repo
         rows = decisions(repo)
