@@ -275,8 +275,10 @@ def test_a_pessimistic_profile_is_raised_and_the_fleet_shrinks_to_the_right_size
         world: dict[str, object], capsys: pytest.CaptureFixture[str]) -> None:
     """Warm start (the fleet ready at the size the true capacity gives): the upward probe (15 % a
     minute, paused while the fleet follows each step down) raises a 2 x pessimistic profile to
-    within 15 % of the true capacity within 10 minutes (measured: 1.03 x at 565 s, 1.08 x at
-    615 s), and the fleet is then within one replica of the right profile's."""
+    within 15 % of the true capacity within 10 minutes (measured in this module's world through
+    ``tidegate simulate``: 1.05 x at 565 s, 1.09 x at 600 and 615 s; 1.03 x and 1.08 x before the
+    probe's bank, whose only deposit here is the first tick, before any rate is measured), and
+    the fleet is then within one replica of the right profile's."""
     cap, timeline, true_tok = _run(world, 0.5, capsys, warm=True)
     right_cap, right_timeline, _ = _run(world, 1.0, capsys, warm=True)
     assert cap["log"][0][1] == pytest.approx(0.5 * true_tok, rel=0.02)
@@ -292,9 +294,9 @@ def test_a_pessimistic_profile_from_a_cold_start_is_raised_within_ten_minutes(
     probe can only begin once that fleet has shrunk, about four minutes in. The calm minutes in
     which it is held far above its size are banked and spent probing through the scale-down
     windows that follow (``capacity.BANK_MAX_MIN``), which brings a 2 x pessimistic profile within
-    15 % of the true capacity by 10 minutes: measured in this world 0.90 x at 600 s, within 15 %
-    from 560 s (0.82 x at 600 s before the bank), and the fleet then within one replica of the
-    right profile's."""
+    15 % of the true capacity by 10 minutes: measured in this module's world through ``tidegate
+    simulate``, 0.90 x at 600 s, within 15 % from 560 s (0.82 x at 600 s and 0.85 x at 615 s
+    before the bank), and the fleet then within one replica of the right profile's."""
     cap, timeline, true_tok = _run(world, 0.5, capsys)
     right_cap, right_timeline, _ = _run(world, 1.0, capsys)
     assert cap["log"][0][1] == pytest.approx(0.5 * true_tok, rel=0.02)
@@ -307,8 +309,8 @@ def test_an_optimistic_profile_from_a_cold_start_is_never_raised_by_the_bank(
         world: dict[str, object], capsys: pytest.CaptureFixture[str]) -> None:
     """The same cold start banks its held minutes with a 2 x optimistic profile too; the first
     pressure empties the bank, so the learned value never rises above the profile and comes down
-    as fast as before (measured in this world: 1.37 x at 300 s, 1.05 x from 545 s; the same
-    figures as without the bank)."""
+    as fast as before (measured in this module's world through ``tidegate simulate``: 1.37 x at
+    300 s, 1.05 x from 545 s; the same figures as without the bank)."""
     cap, _, true_tok = _run(world, 2.0, capsys)
     assert max(row[1] for row in cap["log"]) <= 2.0 * true_tok * 1.001
     assert _at(cap["log"], 300.0) <= 1.45 * true_tok
@@ -320,8 +322,8 @@ def test_a_fleet_held_above_by_a_burst_does_not_learn_past_the_true_capacity(
     """A 2 x pessimistic profile, warm, and a two-minute burst at three times the rate (minutes 5-7)
     that scales the fleet up and, with a five-minute scale-down window, holds it far above its size
     for minutes: the held minutes are banked, but what the learner reaches over 25 minutes stays
-    within 15 % of the true capacity (measured in this world: at most 1.09 x, reached after the
-    burst; 0.93 x without the bank)."""
+    within 15 % of the true capacity (measured through ``tidegate simulate`` on this test's trace,
+    fleet and policy: at most 1.09 x, reached after the burst; 0.93 x without the bank)."""
     rng = np.random.default_rng(1)
     dur = 1500.0
     t = np.concatenate([rng.uniform(0, dur, int(RATE_PER_S * dur)), rng.uniform(300.0, 420.0, int(60.0 * 120))])
