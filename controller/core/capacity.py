@@ -24,7 +24,10 @@ for too few. So the capacity is computed in two steps, each tick:
      ``scale`` moves toward ``u`` when below it; and while the fleet runs close to its planned
      load and no recent upper bound forbids it, ``scale`` probes upward by ``probe_per_min`` a
      minute: a fleet sized by a pessimistic prior never loads its replicas enough to show that
-     they could take more.
+     they could take more. Calm minutes in which something else holds the fleet far above the
+     estimate's size (a cold start's backlog scaled it to its maximum, a burst, a floor) are lost
+     to the probe; up to ``BANK_MAX_MIN`` of them are banked and spent later probing one replica
+     further ahead of the fleet than usual (see :func:`_calm`).
 
    The pressure is smoothed with time constant ``tau_s`` (time is data: computed from the
    observations' timestamps, never from tick counts), each reading clipped to ``PRESSURE_CAP``.
@@ -55,6 +58,23 @@ minute even with ``probe_per_min: 0`` (a correction downward is not a ratchet)."
 PROBE_MIN_REPLICAS = 4
 """No upward probe with fewer ready replicas: releasing one of three is a third of the fleet, and
 a probe that overshoots there costs the SLO more than the replica saves."""
+
+HELD_SHARE = 0.5
+"""A settled fleet whose replicas carry at most this share of the load the estimate plans for them
+(``planned_fraction * scale``) is held far above the estimate's size by something other than
+the probe: a cold start's backlog, a burst, a floor. The probe's own lag (it raises the estimate,
+the fleet follows after the scale-down window) is at most ``2 + slack`` replicas (``1 + slack``,
+one more while it spends banked minutes on ``BANK_MIN_REPLICAS`` or more), so at the default
+tolerance (0.1) the replicas then still carry more than half the planned load. A tolerance of 0.5
+or more lets that lag itself bank minutes; ``BANK_MAX_MIN`` bounds what they add."""
+
+BANK_MAX_MIN = 1.0
+"""At most this many calm minutes held far above are banked for the probe: the catch-up raises the
+estimate at most one probe-minute (``probe_per_min``) beyond what the usual gate allows."""
+
+BANK_MIN_REPLICAS = 2 * PROBE_MIN_REPLICAS
+"""Banked minutes are spent (one replica more lead than usual) only with at least this many ready
+replicas: the extra replica is then at most an eighth of the fleet."""
 
 PRESSURE_CAP = 2.0
 """Pressure is smoothed clipped to this (twice the SLO): beyond it, it says only "at capacity". A
@@ -209,26 +229,42 @@ def _held_off(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning, ne
     return obs.now_s - up_t < cfg.tau_s
 
 
-def _calm(scale: float, u: float, hi: float, dt: float, obs: Observed, cfg: CapacityLearning, planned_fraction: float
-          ) -> tuple[float, str]:
-    """Calm evidence. Up slowly, down fast (AIMD): a capacity set too high costs the SLO, one too
-    low costs money for a minute. Calm evidence above the estimate and the probe both rise at most
-    ``probe_per_min``, and never to a load at which pressure was seen within ``memory_s``."""
+def _calm(scale: float, u: float, hi: float, bank: float, dt: float, obs: Observed, cfg: CapacityLearning,
+          planned_fraction: float) -> tuple[float, str, float]:
+    """Calm evidence: (scale, evidence, minutes banked for the probe). Up slowly, down fast (AIMD):
+    a capacity set too high costs the SLO, one too low costs money for a minute. Calm evidence
+    above the estimate and the probe both rise at most ``probe_per_min``, and never to a load at
+    which pressure was seen within ``memory_s``."""
     evidence = f"calm at {u:.3g} x profile per replica"
     step = scale * (1.0 + cfg.probe_per_min * dt / 60.0)
     if scale < 1.0:  # back toward the profile after a correction, whatever the probe allows above it
         step = max(step, min(1.0, scale * (1.0 + RECOVER_PER_MIN * dt / 60.0)))
     if u > scale:
-        return min(u, step, max(hi, scale)), evidence
+        return min(u, step, max(hi, scale)), evidence, bank
+    ready = obs.ready
+    if not obs.settled or ready < PROBE_MIN_REPLICAS:
+        return scale, evidence, bank
+    planned = planned_fraction * scale
+    if u <= HELD_SHARE * planned:
+        # Held far above the estimate's size by something else (HELD_SHARE): what the replicas
+        # carry tests no estimate, and the minute is lost to the probe rather than spent waiting
+        # for the fleet to follow it. Bank it (at most BANK_MAX_MIN); the estimate stays put.
+        return scale, evidence + ", fleet held far above its size", min(BANK_MAX_MIN, bank + dt / 60.0)
+    if step >= hi:
+        return scale, evidence, bank
     # Probe only while the fleet is the size the current estimate asks for, give or take the
     # tolerance dead band that keeps a small change from happening (raising the estimate before the
     # fleet has followed teaches nothing), and only with enough replicas that the one a probe
     # releases is a small step (PROBE_MIN_REPLICAS).
-    ready = obs.ready
-    if (obs.settled and ready >= PROBE_MIN_REPLICAS and step < hi
-            and u * ready > planned_fraction * scale * (ready - 1 - obs.slack)):
-        return step, evidence + ", probing up"
-    return scale, evidence
+    if u * ready > planned * (ready - 1 - obs.slack):
+        return step, evidence + ", probing up", bank
+    # That gate closes just as the fleet starts to follow (the same dead band), so the probe idles
+    # through each scale-down window. Banked minutes let it go on through the window, one replica
+    # further ahead, and only on a fleet large enough that the replica is a small step: each
+    # banked minute is spent as one minute of probing, still on calm evidence, below ``hi``.
+    if bank > 0 and ready >= BANK_MIN_REPLICAS and u * ready > planned * (ready - 2 - obs.slack):
+        return step, evidence + ", probing up on time held above", max(0.0, bank - dt / 60.0)
+    return scale, evidence, bank
 
 
 def learn(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning, planned_fraction: float) -> tuple[float, str, dict[str, Any]]:
@@ -242,8 +278,9 @@ def _learn(state: Mapping[str, Any], obs: Observed, load_units: float | None, cf
     """:func:`learn` with the observation's load given apart (one per GPU type, the rest shared)."""
     scale, dt, q_prev, hi, hi_t = _restore(state, obs, cfg)
     qs = None if obs.pressure is None else _smooth(q_prev, min(obs.pressure, PRESSURE_CAP), dt, cfg.tau_s)
+    bank = min(max(_num(state, "bank", 0.0), 0.0), BANK_MAX_MIN)
     new: dict[str, Any] = {"scale": scale, "t": obs.now_s, "q": qs, "hi": None if math.isinf(hi) else hi,
-                           "hi_t": None if math.isinf(hi) else hi_t}
+                           "hi_t": None if math.isinf(hi) else hi_t, "bank": bank}
     if not cfg.learn:
         return scale, "learning off", new
     if load_units is None or obs.ready <= 0:
@@ -251,6 +288,8 @@ def _learn(state: Mapping[str, Any], obs: Observed, load_units: float | None, cf
     u = load_units / obs.ready
     what = _pressure(qs, q_prev, _held_off(state, obs, cfg, new), cfg)
     evidence = "no evidence (between calm and pressure)"
+    if what == "pressure":
+        new["bank"] = 0.0  # at capacity, or a burst: nothing owed to the probe
     if what == "pressure" and u < cfg.burst_share * planned_fraction * scale:
         # Pressure while the replicas carry far less than planned is a burst inside the rate's
         # window (or a slow request), not a measure of what a replica sustains.
@@ -260,16 +299,16 @@ def _learn(state: Mapping[str, Any], obs: Observed, load_units: float | None, cf
         evidence = f"pressure at {u:.3g} x profile per replica"
         scale = min(scale, u)  # down fast: at capacity at load u, a replica sustains at most u
     elif what == "calm":
-        scale, evidence = _calm(scale, u, hi, dt, obs, cfg, planned_fraction)
+        scale, evidence, new["bank"] = _calm(scale, u, hi, bank, dt, obs, cfg, planned_fraction)
     scale = min(max(scale, cfg.min_scale), cfg.max_scale)
     new["scale"] = scale
     return scale, evidence, new
 
 
 GPU_KEY = "gpus"
-"""Key of the per-GPU-type part of the learner's state: ``{gpu_type: {"scale", "hi", "hi_t"}}``."""
+"""Key of the per-GPU-type part of the learner's state: ``{gpu_type: {"scale", "hi", "hi_t", "bank"}}``."""
 
-_GPU_FIELDS = ("scale", "hi", "hi_t")
+_GPU_FIELDS = ("scale", "hi", "hi_t", "bank")
 """What the learner keeps per GPU type; the rest (time, smoothed pressure, ready count, mix) is
 the fleet's."""
 
@@ -357,13 +396,14 @@ def learn_by_gpu(state: Mapping[str, Any], obs: Observed, load_units: Mapping[st
 
 def _idle(state: Mapping[str, Any], now_s: float, cfg: CapacityLearning) -> tuple[float, dict[str, Any]]:
     """(scale, per-GPU fields) of a GPU type with no ready replica: what :func:`learn` returns for
-    an observation without load (its scale kept, its upper bound forgotten after ``memory_s``),
+    an observation without load (its scale and bank kept, its upper bound forgotten after ``memory_s``),
     without the fleet's fields it would compute only to be dropped."""
     scale = min(max(_num(state, "scale", 1.0), cfg.min_scale), cfg.max_scale)
+    bank = min(max(_num(state, "bank", 0.0), 0.0), BANK_MAX_MIN)
     hi, hi_t = _num(state, "hi", math.inf), _num(state, "hi_t", -math.inf)
     if now_s - hi_t > cfg.memory_s or math.isinf(hi):
-        return scale, {"scale": scale, "hi": None, "hi_t": None}
-    return scale, {"scale": scale, "hi": hi, "hi_t": hi_t}
+        return scale, {"scale": scale, "hi": None, "hi_t": None, "bank": bank}
+    return scale, {"scale": scale, "hi": hi, "hi_t": hi_t, "bank": bank}
 
 
 def _one_line(evidence: list[str]) -> str:
