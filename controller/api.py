@@ -47,6 +47,7 @@ from controller.core.model import OverrideKind
 from controller.core.overrides import replica_cap
 from controller.db.codec import override_to_json
 from controller.db.models import INTEGER_MAX
+from controller.db.recorder import UNAVAILABLE
 from controller.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
@@ -165,7 +166,13 @@ _WHEN = {
     404: "No such id.",
     413: "Body larger than api.max_body_bytes (refused before it is read).",
     422: "Invalid path, query or body: `errors` names each field.",
+    503: "The decision log's database is unavailable (connection refused or lost, disk full): nothing "
+         "was read or written; `Retry-After` says when to try again.",
 }
+
+
+DATABASE_RETRY_AFTER_S = 5
+"""``Retry-After`` of a 503 for an unavailable database, seconds: one tick of the default loop."""
 
 
 def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -329,7 +336,7 @@ def create_app(daemon: "Daemon", auth: TokenAuth, api: ApiConfig | None = None) 
     def status(_: Viewer) -> dict[str, Any]:
         return daemon.status()
 
-    @app.get("/v1/decisions", responses=_problems(401, 422))
+    @app.get("/v1/decisions", responses=_problems(401, 422, 503))
     def decisions(
         _: Viewer,
         model: str | None = Query(None, max_length=253),
@@ -363,18 +370,18 @@ def create_app(daemon: "Daemon", auth: TokenAuth, api: ApiConfig | None = None) 
                                f"(database.retention.full_days: {daemon.config.database.retention.full_days:g})")
         return out
 
-    @app.get("/v1/decisions/{decision_id}", responses=_problems(401, 404, 422))
+    @app.get("/v1/decisions/{decision_id}", responses=_problems(401, 404, 422, 503))
     def decision(decision_id: Id, _: Viewer) -> dict[str, Any]:
         row = daemon.repo.get_decision(decision_id)
         if row is None:
             raise HTTPException(404, f"decision {decision_id} not found")
         return row
 
-    @app.get("/v1/overrides", responses=_problems(401, 422))
+    @app.get("/v1/overrides", responses=_problems(401, 422, 503))
     def overrides(_: Viewer, include_inactive: bool = False) -> dict[str, Any]:
         return {"items": daemon.repo.list_overrides(include_inactive=include_inactive, now=daemon.clock.now())}
 
-    @app.post("/v1/overrides", status_code=201, responses=_problems(400, 401, 403, 413, 422))
+    @app.post("/v1/overrides", status_code=201, responses=_problems(400, 401, 403, 413, 422, 503))
     def create_override(body: OverrideIn, who: Admin) -> dict[str, Any]:
         if body.model not in daemon.models:
             raise _unprocessable(["body", "model"], f"unknown model {body.model!r} (known: {sorted(daemon.models)})")
@@ -399,7 +406,7 @@ def create_app(daemon: "Daemon", auth: TokenAuth, api: ApiConfig | None = None) 
             daemon.repo.audit(who.name, "override.create", f"override/{ov.id}", override_to_json(ov), now)
         return override_to_json(ov)
 
-    @app.delete("/v1/overrides/{override_id}", status_code=204, responses=_problems(401, 403, 404, 422))
+    @app.delete("/v1/overrides/{override_id}", status_code=204, responses=_problems(401, 403, 404, 422, 503))
     def delete_override(override_id: Id, who: Admin) -> Response:
         now = daemon.clock.now()
         with write_lock:
@@ -410,19 +417,17 @@ def create_app(daemon: "Daemon", auth: TokenAuth, api: ApiConfig | None = None) 
 
     @app.post("/v1/pause", responses=_problems(400, 401, 403, 413, 422))
     def pause(who: Admin, body: ControlIn | None = None) -> dict[str, Any]:
-        daemon.pause(who.name, body.reason if body else "")
-        return {"paused": True}
+        return {"paused": True, "audited": daemon.pause(who.name, body.reason if body else "")}
 
     @app.post("/v1/resume", responses=_problems(400, 401, 403, 413, 422))
     def resume(who: Admin, body: ControlIn | None = None) -> dict[str, Any]:
-        daemon.resume(who.name, body.reason if body else "")
-        return {"paused": False}
+        return {"paused": False, "audited": daemon.resume(who.name, body.reason if body else "")}
 
     @app.get("/v1/policies", responses=_problems(401))
     def policies(_: Viewer) -> dict[str, Any]:
         return daemon.policy_store.status()
 
-    reload_responses = _problems(401, 403, 422)
+    reload_responses = _problems(401, 403, 422, 503)
     reload_responses[422]["description"] = "A policy file was rejected: `policies` lists every file's errors."
 
     @app.post("/v1/policies/reload", responses=reload_responses)
@@ -437,11 +442,11 @@ def create_app(daemon: "Daemon", auth: TokenAuth, api: ApiConfig | None = None) 
                                     policies=status)
         return JSONResponse(status)
 
-    @app.get("/v1/audit", responses=_problems(401, 422))
+    @app.get("/v1/audit", responses=_problems(401, 422, 503))
     def audit(_: Viewer, limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
         return {"items": daemon.repo.list_audit(limit)}
 
-    @app.get("/v1/shadow", responses=_problems(401, 422))
+    @app.get("/v1/shadow", responses=_problems(401, 422, 503))
     def shadow(_: Viewer, since: str = Query("7d", max_length=64, description="A duration back from now (7d, 12h) "
                                                "or an ISO-8601 instant with a timezone.")) -> dict[str, Any]:
         """Per model in shadow mode: what it would have cost and where it would have fallen short,
@@ -460,7 +465,7 @@ def create_app(daemon: "Daemon", auth: TokenAuth, api: ApiConfig | None = None) 
         return report(daemon.repo, models=daemon.models, pools=daemon.pools, p99_targets=targets, since=start,
                       until=now + timedelta(seconds=1))
 
-    @app.post("/v1/replay", responses=_problems(400, 401, 413, 422))
+    @app.post("/v1/replay", responses=_problems(400, 401, 413, 422, 503))
     def replay(body: ReplayIn, _: Viewer) -> dict[str, Any]:
         from controller.errors import UserError
         from controller.replay import run_replay
@@ -520,13 +525,23 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def value_error(_: Request, exc: ValueError) -> Response:
         return problem_response(422, str(exc))
 
+    async def database_down(_: Request, exc: Exception) -> Response:
+        # The database's own failure, not a bug: say so (500 would send the operator to the log
+        # for a cause the status page already shows); the ticks go on, journaling their decisions.
+        words = " ".join(str(getattr(exc, "orig", None) or exc).split())[:300]
+        logger.warning("admin API request failed: the database is unavailable: %s", words)
+        return problem_response(
+            503, f"the decision log's database is unavailable ({words}); the daemon keeps ticking and journals "
+                 "its decisions where database.journal_path is set (GET /v1/status: journal); retry once the "
+                 "database answers", headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
+
     async def server_error(_: Request, exc: Exception) -> Response:
         logger.error("admin API request failed: %s: %s", type(exc).__name__, exc)
         return problem_response(500, "internal error; the daemon's log has the cause")
 
     handlers: list[tuple[type[Exception], Handler]] = [
         (StarletteHTTPException, http_error), (RequestValidationError, invalid), (ValueError, value_error),
-        (Exception, server_error)]
+        *((t, database_down) for t in UNAVAILABLE), (Exception, server_error)]
     for exc_type, handler in handlers:
         app.add_exception_handler(exc_type, handler)
 

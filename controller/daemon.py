@@ -351,17 +351,30 @@ class Daemon:
                     backoff_s=round(delay, 1), errors=report.errors)
 
     # ------------------------------------------------------------------ operator controls
-    def pause(self, author: str, reason: str = "") -> None:
+    def pause(self, author: str, reason: str = "") -> bool:
+        """Stop acting (decisions go on, recorded as ``paused``). Takes effect whether or not the
+        database answers (stopping must work while it is away); returns whether the audit row was
+        written (``False``: the database is unavailable, and the log line has the entry)."""
         with self._state_lock:
             self.paused = True
         self.metrics.paused.set(1)
-        self.repo.audit(author, "pause", "daemon", {"reason": reason}, self.clock.now())
+        return self._audit(author, "pause", reason)
 
-    def resume(self, author: str, reason: str = "") -> None:
+    def resume(self, author: str, reason: str = "") -> bool:
+        """Act again; as :meth:`pause`."""
         with self._state_lock:
             self.paused = False
         self.metrics.paused.set(0)
-        self.repo.audit(author, "resume", "daemon", {"reason": reason}, self.clock.now())
+        return self._audit(author, "resume", reason)
+
+    def _audit(self, author: str, action: str, reason: str) -> bool:
+        try:
+            self.repo.audit(author, action, "daemon", {"reason": reason}, self.clock.now())
+            return True
+        except UNAVAILABLE as e:
+            log(logger, logging.WARNING, "audit not written: the database is unavailable", author=author,
+                action=action, reason=reason, error=" ".join(str(getattr(e, "orig", None) or e).split()))
+            return False
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready when the database answers, the leader lock could be checked, and (for the

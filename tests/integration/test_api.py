@@ -14,6 +14,7 @@ from controller.core import signals as signal_table
 from controller.core.model import ModelSignals, Sample
 from controller.core.signals import NOT_MEASURED_REASONS, model_signal_names
 from tests.integration.daemon_harness import Harness, build_harness, serving
+from tests.integration.own_postgres import OwnPostgres
 from tests.unit.test_signal_table import FAKE
 
 ADMIN = "s3cret-admin"
@@ -119,7 +120,7 @@ def test_freeze_then_delete(served: tuple[Harness, httpx.Client]) -> None:
 def test_pause_resume_and_status(served: tuple[Harness, httpx.Client]) -> None:
     h, c = served
     h.run(30)
-    assert c.post("/v1/pause", headers=_h(ADMIN), json={"reason": "maintenance"}).json() == {"paused": True}
+    assert c.post("/v1/pause", headers=_h(ADMIN), json={"reason": "maintenance"}).json() == {"paused": True, "audited": True}
     h.run(10)
     last = c.get("/v1/decisions", headers=_h(VIEWER), params={"limit": 1}).json()["items"][0]
     assert not last["actuate"] and last["reason"] == "Paused"
@@ -131,7 +132,7 @@ def test_pause_resume_and_status(served: tuple[Harness, httpx.Client]) -> None:
     assert {p: (v["tier"], v["provider"]) for p, v in pools.items()} == {
         "onprem-h100": ("onprem", "onprem"), "aws-spot-p5": ("spot", "aws"), "gcp-spot-a3": ("spot", "gcp"),
         "aws-od-p5": ("ondemand", "aws")}
-    assert c.post("/v1/resume", headers=_h(ADMIN)).json() == {"paused": False}
+    assert c.post("/v1/resume", headers=_h(ADMIN)).json() == {"paused": False, "audited": True}
     h.run(10)
     assert c.get("/v1/decisions", headers=_h(VIEWER), params={"limit": 1}).json()["items"][0]["actuate"]
 
@@ -235,5 +236,42 @@ def test_a_signal_added_to_the_table_reaches_status_metrics_and_the_decision_log
             assert _signal_missing(c.get("/metrics").text, "gpu_temperature_c") == 0.0
             row = c.get(f"/v1/decisions/{status['last_decision']['id']}", headers=_h(VIEWER)).json()
             assert row["signals"]["gpu_temperature_c"]["value"] == 71.5
+    finally:
+        h.close()
+
+
+def test_the_database_away_is_a_503_with_retry_after_while_status_and_pause_still_answer(
+        own_postgres: OwnPostgres, tmp_path: Path) -> None:
+    """The decision log's PostgreSQL stops under a serving daemon: a request that needs it gets a
+    503 problem (the cause, Retry-After) and writes nothing; the status still answers with the
+    journal that holds the gap's decisions; pause takes effect and says its audit row is missing.
+    Once the server is back the same requests succeed."""
+    h = build_harness(tmp_path, db_url=own_postgres.url,
+                      config_updates={"database": {"journal_path": str(tmp_path / "journal.jsonl")}})
+    try:
+        assert all(r.ok for r in h.run(30))
+        tokens = {"TIDEGATE_ADMIN_TOKENS": f"alice:{ADMIN}", "TIDEGATE_VIEWER_TOKENS": f"victor:{VIEWER}"}
+        with serving(h, tokens) as url, httpx.Client(base_url=url, timeout=10) as c:
+            own_postgres.stop()
+            assert all(r.journaled for r in h.run(15))
+            for method, path, body in (("GET", "/v1/decisions", None), ("GET", "/v1/overrides", None),
+                                       ("POST", "/v1/overrides", {"kind": "freeze", "model": MODEL, "reason": "db away"}),
+                                       ("GET", "/v1/audit", None)):
+                r = c.request(method, path, headers=_h(ADMIN), json=body)
+                assert r.status_code == 503, (path, r.status_code, r.text)
+                assert r.headers["content-type"] == "application/problem+json" and r.headers["retry-after"] == "5"
+                assert "database is unavailable" in r.json()["detail"], r.json()
+            st = c.get("/v1/status", headers=_h(VIEWER))
+            assert st.status_code == 200 and st.json()["journal"]["decisions"] > 0, st.text
+            assert c.post("/v1/pause", headers=_h(ADMIN), json={"reason": "db away"}).json() == {"paused": True, "audited": False}
+            assert h.daemon.paused
+
+            own_postgres.start()
+            assert all(r.ok for r in h.run(10))
+            assert c.post("/v1/resume", headers=_h(ADMIN)).json() == {"paused": False, "audited": True}
+            assert c.get("/v1/overrides", headers=_h(VIEWER)).json()["items"] == [], "the refused override was not stored"
+            assert c.get("/v1/decisions", headers=_h(VIEWER)).status_code == 200
+            actions = [a["action"] for a in c.get("/v1/audit", headers=_h(ADMIN)).json()["items"]]
+            assert "resume" in actions and "pause" not in actions
     finally:
         h.close()
