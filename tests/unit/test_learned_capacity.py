@@ -199,22 +199,31 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     (``tidegate simulate --print-capacity``)."""
     d = tmp_path_factory.mktemp("learn")
     rng = np.random.default_rng(1)
-    n = int(RATE_PER_S * DURATION_S)
-    t = np.sort(rng.uniform(0, DURATION_S, n))
+    trace = _write_trace(d / "steady.csv", np.sort(rng.uniform(0, DURATION_S, int(RATE_PER_S * DURATION_S))), rng)
+    return {"dir": d, "trace": trace, "policy": _write_policy(d / "policy.yaml", scale_down_s=60)}
+
+
+def _write_trace(path: Path, arrivals: np.ndarray, rng: np.random.Generator) -> Path:
+    """An Azure-format trace of ``arrivals`` (seconds, sorted) with exponential prompt and output
+    lengths of the module's means."""
+    n = len(arrivals)
     p = np.maximum(1, rng.exponential(PROMPT, n)).astype(int)
     o = np.maximum(1, rng.exponential(OUTPUT, n)).astype(int)
-    trace = d / "steady.csv"
     lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
-    lines += [f"2024-01-01 00:{int(a // 60):02d}:{a % 60:010.7f},{b},{c}" for a, b, c in zip(t, p, o)]
-    trace.write_text("\n".join(lines) + "\n")
-    policy = d / "policy.yaml"
-    policy.write_text(yaml.safe_dump({
+    lines += [f"2024-01-01 00:{int(a // 60):02d}:{a % 60:010.7f},{b},{c}" for a, b, c in zip(arrivals, p, o)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _write_policy(path: Path, *, scale_down_s: float) -> Path:
+    """The tests' slo-guard policy (probe 0.15 a minute) with this scale-down window."""
+    path.write_text(yaml.safe_dump({
         "apiVersion": "tidegate/v1", "kind": "ScalingPolicy", "metadata": {"name": "learn"},
         "spec": {"model": "llama3-70b-fp8", "bounds": {"min_replicas": 1, "max_replicas": 24},
                  "slo": {"ttft_p99_ms": 1500, "tpot_ms": 100, "queue_depth_per_replica": 4},
-                 "behavior": {"scale_down": {"stabilization_s": 60}}, "capacity": {"probe_per_min": 0.15},
+                 "behavior": {"scale_down": {"stabilization_s": scale_down_s}}, "capacity": {"probe_per_min": 0.15},
                  "rules": [{"kind": "slo-guard", "params": {"capacity_fraction": 0.8}}]}}))
-    return {"dir": d, "trace": trace, "policy": policy}
+    return path
 
 
 def _fleet(d: Path, out_tok_s: float, req_s: float) -> Path:
@@ -327,20 +336,8 @@ def test_a_fleet_held_above_by_a_burst_does_not_learn_past_the_true_capacity(
     rng = np.random.default_rng(1)
     dur = 1500.0
     t = np.concatenate([rng.uniform(0, dur, int(RATE_PER_S * dur)), rng.uniform(300.0, 420.0, int(60.0 * 120))])
-    t = np.sort(t)
-    p = np.maximum(1, rng.exponential(PROMPT, len(t))).astype(int)
-    o = np.maximum(1, rng.exponential(OUTPUT, len(t))).astype(int)
-    trace = tmp_path / "burst.csv"
-    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
-    lines += [f"2024-01-01 00:{int(a // 60):02d}:{a % 60:010.7f},{b},{c}" for a, b, c in zip(t, p, o)]
-    trace.write_text("\n".join(lines) + "\n")
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump({
-        "apiVersion": "tidegate/v1", "kind": "ScalingPolicy", "metadata": {"name": "learn"},
-        "spec": {"model": "llama3-70b-fp8", "bounds": {"min_replicas": 1, "max_replicas": 24},
-                 "slo": {"ttft_p99_ms": 1500, "tpot_ms": 100, "queue_depth_per_replica": 4},
-                 "behavior": {"scale_down": {"stabilization_s": 300}}, "capacity": {"probe_per_min": 0.15},
-                 "rules": [{"kind": "slo-guard", "params": {"capacity_fraction": 0.8}}]}}))
+    trace = _write_trace(tmp_path / "burst.csv", np.sort(t), rng)
+    policy = _write_policy(tmp_path / "policy.yaml", scale_down_s=300)
     assert simulate_main(["--trace", str(trace), "--fleet", str(_fleet(tmp_path, 1, 1)), "--print-capacity"]) == 0
     row = dict(kv.split("=") for kv in capsys.readouterr().out.split("\n")[0].split())
     true_tok, true_req = float(row["output_tokens_per_s_at_slo"]), float(row["requests_per_s_at_slo"])
