@@ -47,7 +47,7 @@ from controller.core.model import OverrideKind
 from controller.core.overrides import replica_cap
 from controller.db.codec import override_to_json
 from controller.db.models import INTEGER_MAX
-from controller.db.recorder import UNAVAILABLE
+from controller.db.recorder import UNAVAILABLE, database_words
 from controller.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
@@ -166,8 +166,8 @@ _WHEN = {
     404: "No such id.",
     413: "Body larger than api.max_body_bytes (refused before it is read).",
     422: "Invalid path, query or body: `errors` names each field.",
-    503: "The decision log's database is unavailable (connection refused or lost, disk full): nothing "
-         "was read or written; `Retry-After` says when to try again.",
+    503: "The decision log's database is unavailable (connection refused or lost, disk full): what the "
+         "request had to read or store there was not done; `Retry-After` says when to try again.",
 }
 
 
@@ -429,6 +429,8 @@ def create_app(daemon: "Daemon", auth: TokenAuth, api: ApiConfig | None = None) 
 
     reload_responses = _problems(401, 403, 422, 503)
     reload_responses[422]["description"] = "A policy file was rejected: `policies` lists every file's errors."
+    reload_responses[503]["description"] = ("The database is unavailable: the files were read again and the good ones "
+                                            "are in force (GET /v1/policies), but their new versions are not recorded.")
 
     @app.post("/v1/policies/reload", responses=reload_responses)
     def reload(who: Admin) -> JSONResponse:
@@ -528,7 +530,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def database_down(_: Request, exc: Exception) -> Response:
         # The database's own failure, not a bug: say so (500 would send the operator to the log
         # for a cause the status page already shows); the ticks go on, journaling their decisions.
-        words = " ".join(str(getattr(exc, "orig", None) or exc).split())[:300]
+        words = database_words(exc)[:300]
         logger.warning("admin API request failed: the database is unavailable: %s", words)
         return problem_response(
             503, f"the decision log's database is unavailable ({words}); the daemon keeps ticking and journals "

@@ -30,7 +30,7 @@ from controller.controller import Controller, TickReport
 from controller.core.model import Action, Decision, ModelSignals, ModelSpec, PoolSpec
 from controller.core.pricing import OnPremCost
 from controller.db.journal import Journal
-from controller.db.recorder import UNAVAILABLE, RepositoryRecorder
+from controller.db.recorder import UNAVAILABLE, RepositoryRecorder, database_words
 from controller.db.repo import Repository
 from controller.logs import log
 from controller.metrics import DaemonMetrics
@@ -373,7 +373,7 @@ class Daemon:
             return True
         except UNAVAILABLE as e:
             log(logger, logging.WARNING, "audit not written: the database is unavailable", author=author,
-                action=action, reason=reason, error=" ".join(str(getattr(e, "orig", None) or e).split()))
+                action=action, reason=reason, error=database_words(e))
             return False
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:

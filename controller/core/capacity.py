@@ -220,6 +220,11 @@ def _restore(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning) -> 
     return scale, dt, q_prev, hi, hi_t
 
 
+def _bank(state: Mapping[str, Any]) -> float:
+    """The calm minutes banked for the probe (0 to ``BANK_MAX_MIN``; 0 in a state from before)."""
+    return min(max(_num(state, "bank", 0.0), 0.0), BANK_MAX_MIN)
+
+
 def _held_off(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning, new: dict[str, Any]) -> bool:
     """Whether replicas became ready within ``tau_s``: they drain a backlog the windowed signals
     still show, so the load per ready replica understates what one sustains. Records the ready
@@ -278,7 +283,7 @@ def _learn(state: Mapping[str, Any], obs: Observed, load_units: float | None, cf
     """:func:`learn` with the observation's load given apart (one per GPU type, the rest shared)."""
     scale, dt, q_prev, hi, hi_t = _restore(state, obs, cfg)
     qs = None if obs.pressure is None else _smooth(q_prev, min(obs.pressure, PRESSURE_CAP), dt, cfg.tau_s)
-    bank = min(max(_num(state, "bank", 0.0), 0.0), BANK_MAX_MIN)
+    bank = _bank(state)
     new: dict[str, Any] = {"scale": scale, "t": obs.now_s, "q": qs, "hi": None if math.isinf(hi) else hi,
                            "hi_t": None if math.isinf(hi) else hi_t, "bank": bank}
     if not cfg.learn:
@@ -399,7 +404,7 @@ def _idle(state: Mapping[str, Any], now_s: float, cfg: CapacityLearning) -> tupl
     an observation without load (its scale and bank kept, its upper bound forgotten after ``memory_s``),
     without the fleet's fields it would compute only to be dropped."""
     scale = min(max(_num(state, "scale", 1.0), cfg.min_scale), cfg.max_scale)
-    bank = min(max(_num(state, "bank", 0.0), 0.0), BANK_MAX_MIN)
+    bank = _bank(state)
     hi, hi_t = _num(state, "hi", math.inf), _num(state, "hi_t", -math.inf)
     if now_s - hi_t > cfg.memory_s or math.isinf(hi):
         return scale, {"scale": scale, "hi": None, "hi_t": None, "bank": bank}

@@ -100,11 +100,11 @@ class RepositoryRecorder:
                 self.refused = None
                 return recorded
             except UNAVAILABLE as e:
-                self.refused = _words(e)
+                self.refused = database_words(e)
                 if self.journal is None:
                     raise
                 log(logger, logging.WARNING, "database refused the intents; journaled locally, only scale-ups act",
-                    error=_words(e), journal=str(self.journal.path), decisions=len(items))
+                    error=self.refused, journal=str(self.journal.path), decisions=len(items))
         assert self.journal is not None  # replay() is True without one
         return RecordedIntents(self.journal.append_intents(items, dry_run, skipped), journaled=True,
                                behind_replay=self.replaying)
@@ -123,10 +123,10 @@ class RepositoryRecorder:
             self.repo.record_outcomes(rows)
             self.refused = None
         except UNAVAILABLE as e:
-            self.refused = _words(e)
+            self.refused = database_words(e)
             if self.journal is None:
                 raise
-            log(logger, logging.WARNING, "database refused the outcomes; journaled locally", error=_words(e))
+            log(logger, logging.WARNING, "database refused the outcomes; journaled locally", error=self.refused)
             self.journal.append_outcomes(rows)
 
     def replay(self, now: datetime, whole: bool = False) -> bool:
@@ -141,7 +141,7 @@ class RepositoryRecorder:
             progress = self.repo.replay_journal(journal_id, self.journal.read_from, now,
                                                 budget_s=None if whole else REPLAY_SLICE_S)
         except UNAVAILABLE as e:
-            self.refused = _words(e)
+            self.refused = database_words(e)
             log(logger, logging.DEBUG, "journal not replayed yet: database unavailable", error=self.refused)
             return False
         self.refused = None
@@ -158,6 +158,7 @@ class RepositoryRecorder:
         return True
 
 
-def _words(e: BaseException) -> str:
-    """The driver's one-line message, not SQLAlchemy's wrapping."""
+def database_words(e: BaseException) -> str:
+    """The driver's one-line message, not SQLAlchemy's wrapping (the journal flag, the API's 503,
+    the log lines)."""
     return " ".join(str(getattr(e, "orig", None) or e).split())

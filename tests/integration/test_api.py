@@ -256,7 +256,7 @@ def test_the_database_away_is_a_503_with_retry_after_while_status_and_pause_stil
             assert all(r.journaled for r in h.run(15))
             for method, path, body in (("GET", "/v1/decisions", None), ("GET", "/v1/overrides", None),
                                        ("POST", "/v1/overrides", {"kind": "freeze", "model": MODEL, "reason": "db away"}),
-                                       ("GET", "/v1/audit", None)):
+                                       ("GET", "/v1/audit", None), ("POST", "/v1/policies/reload", None)):
                 r = c.request(method, path, headers=_h(ADMIN), json=body)
                 assert r.status_code == 503, (path, r.status_code, r.text)
                 assert r.headers["content-type"] == "application/problem+json" and r.headers["retry-after"] == "5"
