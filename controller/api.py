@@ -430,7 +430,8 @@ def create_app(daemon: "Daemon", auth: TokenAuth, api: ApiConfig | None = None) 
     reload_responses = _problems(401, 403, 422, 503)
     reload_responses[422]["description"] = "A policy file was rejected: `policies` lists every file's errors."
     reload_responses[503]["description"] = ("The database is unavailable: the files were read again and the good ones "
-                                            "are in force (GET /v1/policies), but their new versions are not recorded.")
+                                            "are in force (GET /v1/policies); their new versions are recorded, with the time they "
+                                            "came into force, by the first reload that reaches the database again.")
 
     @app.post("/v1/policies/reload", responses=reload_responses)
     def reload(who: Admin) -> JSONResponse:

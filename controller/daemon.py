@@ -116,6 +116,9 @@ class Daemon:
         self.policies_dir = policies_dir or config.policies_dir
         self.policy_store = PolicyStore(registry, known_models=set(self.models),
                                         limits=PolicyLimits(max_file_bytes=config.policy_max_file_bytes))
+        self._unrecorded_versions: dict[tuple[str, str], tuple[tuple[str, str, list[Any], str], datetime]] = {}
+        """Policy versions put in force while the database was away, keyed by (model, version),
+        with the time they came into force: every reload tries to record them first."""
 
         self.export = MetricsExport(self.metrics, self.models, self.pools, self.policy_store.get)
         """Each decision's metrics and log line (``controller.metrics_export``)."""
@@ -182,12 +185,15 @@ class Daemon:
     # ------------------------------------------------------------------ policies
     def reload_policies(self, author: str = "daemon") -> dict[str, Any]:
         """Re-read the policies directory; new versions are stored with their hash, a bad file is
-        rejected (logged, visible in ``/v1/policies``) and the last good version stays in force."""
+        rejected (logged, visible in ``/v1/policies``) and the last good version stays in force.
+
+        A version put in force while the database is away stays in force; it is kept here and
+        recorded, with the time it came into force, by the first reload that reaches the database
+        again (the periodic one, ``loop.policy_reload_s``, or ``POST /v1/policies/reload``). That
+        reload's caller still sees the database's error (the API answers 503)."""
         report = self.policy_store.reload(self.policies_dir)
         now = self.clock.now()
         new_versions = list(getattr(report, "new_versions", []) or [])
-        self.repo.record_policy_versions([(model, version, list(sources), content)
-                                          for model, version, sources, content in new_versions], now)
         for model, version, sources, content in new_versions:
             self.metrics.policy_info.labels(model=model, version=version).set(1)
             log(logger, logging.INFO, "policy version in force", model=model, version=version,
@@ -196,7 +202,33 @@ class Daemon:
             self.metrics.policy_reload_errors.inc()
             log(logger, logging.ERROR, "policy file rejected; last good version stays in force",
                 file=str(err.file), line=err.line, path=err.path, error=err.message)
+        with self._state_lock:
+            for model, version, sources, content in new_versions:
+                self._unrecorded_versions.setdefault((model, version), ((model, version, list(sources), content), now))
+            waiting = dict(self._unrecorded_versions)
+        self._record_versions(waiting)
         return self.policy_store.status()
+
+    def _record_versions(self, waiting: dict[tuple[str, str], tuple[tuple[str, str, list[Any], str], datetime]]
+                         ) -> None:
+        """Record the versions waiting, each at the time it came into force (one transaction per
+        such time: a reload's versions share one); what went in leaves the waiting list."""
+        by_time: dict[datetime, list[tuple[tuple[str, str], tuple[str, str, list[Any], str]]]] = {}
+        for key, (item, at) in waiting.items():
+            by_time.setdefault(at, []).append((key, item))
+        for at in sorted(by_time):
+            keyed = by_time[at]
+            try:
+                self.repo.record_policy_versions([item for _, item in keyed], at)
+            except UNAVAILABLE as e:
+                with self._state_lock:
+                    n = len(self._unrecorded_versions)
+                log(logger, logging.WARNING, "policy versions in force but not recorded; the next reload retries",
+                    versions=n, error=database_words(e))
+                raise
+            with self._state_lock:
+                for key, _ in keyed:
+                    self._unrecorded_versions.pop(key, None)
 
     # ------------------------------------------------------------------ health
     def _note(self, component: str, error: str | None, now: datetime, *, critical: bool = False) -> None:
@@ -506,6 +538,8 @@ class Daemon:
     def _safe_reload(self) -> None:
         try:
             self.reload_policies()
+        except UNAVAILABLE:
+            pass  # logged by reload_policies, in one line: the database is away, not a crash
         except Exception:  # noqa: BLE001
             logger.exception("policy reload crashed")
 

@@ -254,6 +254,10 @@ def test_the_database_away_is_a_503_with_retry_after_while_status_and_pause_stil
         with serving(h, tokens) as url, httpx.Client(base_url=url, timeout=10) as c:
             own_postgres.stop()
             assert all(r.journaled for r in h.run(15))
+            # a policy edit during the outage: in force at once, recorded once the database is back
+            policy = h.policies_dir / "policy.yaml"
+            policy.write_text(policy.read_text().replace("max_replicas: 24", "max_replicas: 23"))
+            edited_at, before = h.clock.now(), h.daemon.policy_store.policies()[MODEL].version
             for method, path, body in (("GET", "/v1/decisions", None), ("GET", "/v1/overrides", None),
                                        ("POST", "/v1/overrides", {"kind": "freeze", "model": MODEL, "reason": "db away"}),
                                        ("GET", "/v1/audit", None), ("POST", "/v1/policies/reload", None)):
@@ -263,6 +267,8 @@ def test_the_database_away_is_a_503_with_retry_after_while_status_and_pause_stil
                 assert "database is unavailable" in r.json()["detail"], r.json()
             st = c.get("/v1/status", headers=_h(VIEWER))
             assert st.status_code == 200 and st.json()["journal"]["decisions"] > 0, st.text
+            in_force = h.daemon.policy_store.policies()[MODEL].version
+            assert in_force != before and st.json()["models"][MODEL]["policy_version"] == in_force
             assert c.post("/v1/pause", headers=_h(ADMIN), json={"reason": "db away"}).json() == {"paused": True, "audited": False}
             assert h.daemon.paused
 
@@ -271,6 +277,10 @@ def test_the_database_away_is_a_503_with_retry_after_while_status_and_pause_stil
             assert c.post("/v1/resume", headers=_h(ADMIN)).json() == {"paused": False, "audited": True}
             assert c.get("/v1/overrides", headers=_h(VIEWER)).json()["items"] == [], "the refused override was not stored"
             assert c.get("/v1/decisions", headers=_h(VIEWER)).status_code == 200
+            assert c.post("/v1/policies/reload", headers=_h(ADMIN)).status_code == 200
+            versions = c.get("/ui/policy-versions", headers=_h(VIEWER)).json()["items"]
+            mine = [v for v in versions if v["version"] == in_force]
+            assert len(mine) == 1 and datetime.fromisoformat(mine[0]["first_seen_at"]) == edited_at, (mine, edited_at)
             actions = [a["action"] for a in c.get("/v1/audit", headers=_h(ADMIN)).json()["items"]]
             assert "resume" in actions and "pause" not in actions
     finally:
