@@ -58,7 +58,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Collection, Mapping, NamedTuple
 
-from controller.core.model import ModelSpec, PoolSpec, PoolState, Tier
+from controller.core.model import ModelSpec, PoolSpec, PoolState, Tier, fast_init
 from controller.core.pricing import pool_price, replica_price, whole_nodes
 from controller.core.reasons import (  # the codes as plain strings: see controller.core.reasons
     Reason,
@@ -142,6 +142,7 @@ class _Pool:
         return max(0, self.replicas - self.ready)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PlacementResult:
     """Replicas per pool and what shaped them."""
