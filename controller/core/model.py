@@ -28,6 +28,7 @@ from controller.core import signals as signal_table
 
 
 _T = TypeVar("_T")
+_isfinite = math.isfinite
 
 
 class _Factory:
@@ -199,13 +200,10 @@ class Sample:
 
     def fresh(self, now: datetime, max_age_s: float) -> float | None:
         """The value if present, finite and not older than ``max_age_s``; else ``None``."""
-        if self.value is None or self.at is None:
+        value, at = self.value, self.at  # each slot read once: a few per decision and signal (hot path)
+        if value is None or at is None or not _isfinite(value) or (now - at).total_seconds() > max_age_s:
             return None
-        if not math.isfinite(self.value):
-            return None
-        if (now - self.at).total_seconds() > max_age_s:
-            return None
-        return self.value
+        return value
 
 
 MISSING = Sample(None, None, "NoData")
