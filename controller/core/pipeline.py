@@ -175,10 +175,10 @@ class _Fresh(NamedTuple):
 
     @classmethod
     def of(cls, signals: ModelSignals, now: datetime, max_age_s: float) -> "_Fresh":
-        s = signals.samples  # what ``signals.<name>`` reads, without a property call per signal
-        return cls(s["request_rate_per_s"].fresh(now, max_age_s), s["output_tokens_per_s"].fresh(now, max_age_s),
-                   s["input_tokens_per_s"].fresh(now, max_age_s), s["queue_depth"].fresh(now, max_age_s),
-                   s["p99_latency_ms"].fresh(now, max_age_s), s["p99_ttft_ms"].fresh(now, max_age_s))
+        s = signals
+        return cls(s.request_rate_per_s.fresh(now, max_age_s), s.output_tokens_per_s.fresh(now, max_age_s),
+                   s.input_tokens_per_s.fresh(now, max_age_s), s.queue_depth.fresh(now, max_age_s),
+                   s.p99_latency_ms.fresh(now, max_age_s), s.p99_ttft_ms.fresh(now, max_age_s))
 
 
 def _arrivals(fresh: _Fresh) -> tuple[float | None, float | None]:

@@ -95,8 +95,10 @@ class _Pool:
         self.spec = spec
         if state is None:
             self.current = self.ready = 0
+            limit = live = None
         else:  # max(0, ...) as conditionals: a builtin call per pool and decision (hot path)
             r, ready = state.replicas, state.ready_replicas
+            limit, live = state.max_nodes, state.price_per_node_hour_usd
             self.current = current = 0 if r is None or r < 0 else r
             # unknown readiness counts as ready: never cancel first what cannot be seen starting
             self.ready = current if ready is None else 0 if ready < 0 else ready
@@ -109,15 +111,11 @@ class _Pool:
         tier = spec.tier  # Tier.rank inlined: a property call per pool and decision (hot path)
         self.tier = _ONPREM if tier is Tier.ONPREM else _SPOT if tier is Tier.SPOT else _ONDEMAND
         self.priority = spec.priority
-        # PoolSpec.replicas_per_node and pricing.pool_price inlined: two calls per pool and decision
-        per_node = self.per_node = spec.gpus_per_node // model.tp_degree if spec.gpu_type in model.gpu_types else 0
-        if state is None:
-            self.capacity = spec.max_nodes * per_node
-            self.price = price = spec.price_per_node_hour_usd
-        else:
-            limit, live = state.max_nodes, state.price_per_node_hour_usd
-            self.capacity = (spec.max_nodes if limit is None else min(spec.max_nodes, max(0, limit))) * per_node
-            self.price = price = spec.price_per_node_hour_usd if live is None else live
+        per_node = self.per_node = spec.replicas_per_node(model)
+        bound = spec.max_nodes if limit is None else min(spec.max_nodes, max(0, limit))
+        self.capacity = bound * per_node
+        # pricing.pool_price inlined (a call per pool and decision): the live price, else the spec's
+        self.price = price = spec.price_per_node_hour_usd if live is None else live
         # pricing.replica_price, with the price and replicas per node this pool already holds: hot loop
         self.eff_cost = price / per_node if per_node > 0 else math.inf
         self.usable = per_node > 0
@@ -383,10 +381,7 @@ def _keep_current(kept: _Kept, p: _Pool, state: PoolState | None, placement: Pla
         kept.interrupted_removed += gone
         accepts = False  # the noticed nodes are going away: replace elsewhere, not here
         kept.events.append((_SPOT_INTERRUPTED, f"{p.name}: {gone} replicas on interrupted nodes"))
-    # _unavailable's tests first, without the call: most pools take replicas (hot path)
-    unavailable = (None if state is None or (state.available and (
-        p.tier != _SPOT or state.recent_interruptions <= placement.max_recent_interruptions))
-        else _unavailable(p, state, placement))
+    unavailable = _unavailable(p, state, placement)
     if unavailable is not None:
         accepts = False
         code, why = unavailable
