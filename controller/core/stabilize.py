@@ -41,9 +41,6 @@ class Step:
 _rec_at = operator.itemgetter(0)
 """A recommendation's time (C-level: it keys the binary searches every decision makes)."""
 
-_rec_value = operator.itemgetter(1)
-"""A recommendation's replicas (C-level: the windows' min and max read it)."""
-
 
 def _event_at(event: ScaleEvent) -> datetime:
     return event.at
@@ -84,12 +81,14 @@ def stabilize(
     """
     up_cutoff = now - timedelta(seconds=up_window_s)
     down_cutoff = now - timedelta(seconds=down_window_s)
-    # the recommendations are in time order: each window is the tail after a binary search, and
-    # its lowest (highest) value a C-level min (max) over it
-    up_values = map(_rec_value, recommendations[bisect_right(recommendations, up_cutoff, key=_rec_at):])
-    down_values = map(_rec_value, recommendations[bisect_right(recommendations, down_cutoff, key=_rec_at):])
-    up_rec = min(desired, min(up_values, default=desired))
-    down_rec = max(desired, max(down_values, default=desired))
+    up_rec = desired
+    down_rec = desired
+    start = bisect_right(recommendations, min(up_cutoff, down_cutoff), key=_rec_at)
+    for at, value in recommendations[start:]:
+        if value < up_rec and at > up_cutoff:
+            up_rec = value
+        if value > down_rec and at > down_cutoff:
+            down_rec = value
     result = current
     if result < up_rec:
         result = up_rec
