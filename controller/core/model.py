@@ -182,6 +182,7 @@ class PoolSpec:
         return -(-replicas // per_node)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Sample:
     """One observed value with its timestamp. ``value is None`` means missing, never zero."""
@@ -209,6 +210,7 @@ class Sample:
 MISSING = Sample(None, None, "NoData")
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PoolState:
     """What capacity providers report about one pool for one model, plus the live price."""
