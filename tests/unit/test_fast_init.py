@@ -31,7 +31,9 @@ class _Fast:
 
 
 def test_same_values_repr_and_signature_as_the_generated_init() -> None:
-    for args, kw in [((1,), {}), ((1, "y"), {}), ((), {"a": 2, "c": {"k": 1}}), ((3,), {"b": "z"})]:
+    cases: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+        ((1,), {}), ((1, "y"), {}), ((), {"a": 2, "c": {"k": 1}}), ((3,), {"b": "z"})]
+    for args, kw in cases:
         plain, fast = _Plain(*args, **kw), _Fast(*args, **kw)
         assert repr(fast).replace("_Fast", "_Plain") == repr(plain)
         assert dataclasses.astuple(fast) == dataclasses.astuple(plain)
