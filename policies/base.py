@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
-from controller.core.model import ModelSignals, ModelSpec, Recommendation, ReplicaCapacity, Sample
+from controller.core.model import ModelSignals, ModelSpec, Recommendation, ReplicaCapacity, Sample, fast_init
 from controller.core.reasons import Reason
 from controller.errors import UnknownPolicyKind  # re-exported: raised here
 from controller.plugins import entry_point_kinds
@@ -46,6 +46,7 @@ class SLOTargets:
     ttft_p99_ms: float | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PolicyContext:
     """Everything a kind may look at, as values."""

@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controller.core.model import Decision, ReplicaCapacity
+from controller.core.model import Decision, ReplicaCapacity, fast_init
 from controller.core.spec import CapacityLearning
 
 STATE_KEY = "@capacity"
@@ -88,6 +88,7 @@ output tokens/s where no mix has been observed (before the first token rates, an
 without a mix such as the SkyServe baseline's default target)."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Mix:
     """Mean tokens per request of the traffic being served."""
@@ -96,6 +97,7 @@ class Mix:
     output_tokens: float
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Learned:
     """The capacity in force this tick and how it came about (for the trace and ``/v1/status``)."""
@@ -170,6 +172,7 @@ def _num(state: Mapping[str, Any], key: str, default: float) -> float:
     return v if math.isfinite(v) else default
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Observed:
     """One tick's evidence about the fleet's capacity, already read from the signals."""

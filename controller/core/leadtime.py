@@ -55,7 +55,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any, Collection, Mapping, NamedTuple, Sequence
 
-from controller.core.model import ModelSpec, PoolSpec, PoolState
+from controller.core.model import ModelSpec, PoolSpec, PoolState, fast_init
 from controller.core.reasons import Reason
 from controller.core.spec import LeadTime
 from controller.core.spec import Placement as PlacementSpec
@@ -156,6 +156,7 @@ def rising(loads: Sequence[tuple[float, float]], now_s: float, lead_s: float) ->
     return all(b > 0 and b >= a * (1 + RISE_MARGIN) and b > a for a, b in zip(points, points[1:]))
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Need:
     """What the rules say the load needs, in replicas, and whether they all had data."""

@@ -413,7 +413,8 @@ def _observation_gaps(signals: ModelSignals) -> tuple[Recommendation, ...]:
         return (Recommendation(rule=f"degraded: {signals.degraded}", kind="observation", replicas=None,
                                reason=Reason.METRIC_MISSING.value, missing_data=True),)
     samples = signals.samples
-    partial_samples = [n for n in pooled_signal_names() if (samples[n].reason or "").startswith("Partial")]
+    partial_samples = [n for n in pooled_signal_names()
+                       if (why := samples[n].reason) is not None and why.startswith("Partial")]
     if partial_samples:
         return (Recommendation(rule=f"partial data: {', '.join(partial_samples)}", kind="observation",
                                replicas=None, reason=Reason.METRIC_MISSING.value, missing_data=True),)

@@ -58,8 +58,8 @@ import operator
 from dataclasses import dataclass, field
 from typing import Collection, Mapping, NamedTuple
 
-from controller.core.model import ModelSpec, PoolSpec, PoolState, Tier
-from controller.core.pricing import pool_price, replica_price, whole_nodes
+from controller.core.model import ModelSpec, PoolSpec, PoolState, Tier, fast_init
+from controller.core.pricing import replica_price, whole_nodes
 from controller.core.reasons import (  # the codes as plain strings: see controller.core.reasons
     Reason,
     PLACED as _PLACED,
@@ -95,8 +95,10 @@ class _Pool:
         self.spec = spec
         if state is None:
             self.current = self.ready = 0
+            limit = live = None
         else:  # max(0, ...) as conditionals: a builtin call per pool and decision (hot path)
             r, ready = state.replicas, state.ready_replicas
+            limit, live = state.max_nodes, state.price_per_node_hour_usd
             self.current = current = 0 if r is None or r < 0 else r
             # unknown readiness counts as ready: never cancel first what cannot be seen starting
             self.ready = current if ready is None else 0 if ready < 0 else ready
@@ -110,10 +112,10 @@ class _Pool:
         self.tier = _ONPREM if tier is Tier.ONPREM else _SPOT if tier is Tier.SPOT else _ONDEMAND
         self.priority = spec.priority
         per_node = self.per_node = spec.replicas_per_node(model)
-        limit = None if state is None else state.max_nodes
         bound = spec.max_nodes if limit is None else min(spec.max_nodes, max(0, limit))
         self.capacity = bound * per_node
-        self.price = price = pool_price(spec, state)
+        # pricing.pool_price inlined (a call per pool and decision): the live price, else the spec's
+        self.price = price = spec.price_per_node_hour_usd if live is None else live
         # pricing.replica_price, with the price and replicas per node this pool already holds: hot loop
         self.eff_cost = price / per_node if per_node > 0 else math.inf
         self.usable = per_node > 0
@@ -142,6 +144,7 @@ class _Pool:
         return max(0, self.replicas - self.ready)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PlacementResult:
     """Replicas per pool and what shaped them."""

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Sequence
 
-from controller.core.model import ScaleEvent
+from controller.core.model import ScaleEvent, fast_init
 from controller.core.reasons import Reason
 from controller.core.spec import Behavior, RateLimitType, ScalingRules
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Step:
     """What one safeguard did: the replicas after it, and why, when it changed them."""
