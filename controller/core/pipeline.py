@@ -222,7 +222,9 @@ def _capacity(
         settled=ready is not None and ready >= total > 0, slack=int(spec.behavior.tolerance * (ready or 0)),
         pressure=pressure)
     units = learned_capacity.load_units_by_gpu(state, c, ready_gpus, priors, fresh.request_rate, fresh.output_tokens)
-    scales, evidence, new_state = learned_capacity.learn_by_gpu(state, obs, units, c, policy.planned_fraction)
+    served = (None if fresh.output_tokens is None else
+              learned_capacity.load_units_by_gpu(state, c, ready_gpus, priors, None, fresh.output_tokens))
+    scales, evidence, new_state = learned_capacity.learn_by_gpu(state, obs, units, c, policy.planned_fraction, served)
     caps = {g: learned_capacity.for_mix(model.capacity[g], mix, scales.get(g, 1.0)) for g in weights}
     cap = learned_capacity.weighted(caps, weights)
     prior = learned_capacity.weighted(priors, weights)
@@ -244,8 +246,10 @@ def _pressure(fresh: _Fresh, spec: PolicySpec, ready: int | None) -> float | Non
     TTFT over a window while no request waits is the window's memory of a backlog already served
     (after a cold start into a queue it stays high for the window): it counts only with a queue."""
     queue, rate, latency = fresh.queue, fresh.request_rate, fresh.latency
-    ttft = None if queue == 0 else fresh.ttft
     slo = spec.slo
+    ttft = fresh.ttft
+    if queue == 0 and ttft is not None and ttft > slo.ttft_p99_ms:
+        ttft = None
     ratios = []
     if queue is not None and ready and slo.queue_depth_per_replica:
         ratios.append(queue / ready / slo.queue_depth_per_replica)

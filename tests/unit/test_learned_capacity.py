@@ -120,25 +120,22 @@ def test_a_fleet_held_far_above_its_size_teaches_nothing_and_banks_at_most_a_min
     assert all(e.endswith("fleet held far above its size") for e in evidence)
 
 
-def test_banked_minutes_are_spent_one_replica_ahead_once_and_never_past_pressure() -> None:
+def test_on_a_large_fleet_the_probe_runs_one_replica_further_ahead_and_never_past_pressure() -> None:
     """Back near its size with the usual gate closed (the fleet a replica beyond the dead band
-    above the estimate's size), the probe goes on one replica further ahead for the banked minute
-    only: one probe-minute at most, no further than that one replica, not past a recent pressure
-    point, not on a small fleet, and pressure empties the bank."""
+    above the estimate's size), the probe goes on one replica further ahead on a fleet of
+    BANK_MIN_REPLICAS or more, banked minutes or not (they are drawn down, no longer required):
+    no further than that one replica, not past a recent pressure point, not on a small fleet, and
+    pressure empties the bank."""
     step = 1 + CFG.probe_per_min * 5 / 60
     base = {"scale": 1.0, "t": 0.0, "q": 0.1, "bank": BANK_MAX_MIN}
     # 8 ready carrying what 6.99 replicas at the planned load would: the usual gate (7) is closed,
-    # and one replica more (6) stays open for a whole probe-minute of 5 s steps
+    # one replica more (6) open until the estimate would size the fleet at 6
     n, load = 8, 0.8 * 6.99
-    assert learn({**base, "bank": 0.0}, obs(5.0, load, n, 0.1), CFG, 0.8)[0] == 1.0  # nothing banked: it waits
+    assert learn({**base, "bank": 0.0}, obs(5.0, load, n, 0.1), CFG, 0.8)[0] == pytest.approx(step)
     _, state, evidence = _calm_for(dict(base), 0.0, 3.0, load, n)
     assert state["bank"] == pytest.approx(0.0, abs=1e-9)
-    assert state["scale"] == pytest.approx(step ** 12)  # one probe-minute, then it waits again
-    assert sum(e.endswith("probing up on time held above") for e in evidence) == 12
-    # on 10 replicas one replica is less than a probe-minute: it stops there, the rest kept
-    n, load = 10, 0.8 * 8.5
-    _, state, _ = _calm_for(dict(base), 0.0, 3.0, load, n)
-    assert 1.0 < state["scale"] <= load / (0.8 * (n - 2)) * step and 0 < state["bank"] < BANK_MAX_MIN
+    assert 6.99 / 6 <= state["scale"] <= 6.99 / 6 * step  # one replica further ahead, no more
+    assert evidence[0].endswith("probing up one replica further ahead") and evidence[-1].endswith("replica")
     # a pressure point within memory_s bounds it as it bounds the probe
     assert learn({**base, "hi": 1.0, "hi_t": 0.0}, obs(5.0, load, n, 0.1), CFG, 0.8)[0] == 1.0
     # below BANK_MIN_REPLICAS one more replica is too large a step
