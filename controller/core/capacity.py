@@ -19,9 +19,10 @@ for too few. So the capacity is computed in two steps, each tick:
      ``pressure_ratio`` of its target, the smoothed pressure not falling, and no replica become
      ready within ``tau_s``: new replicas drain a backlog that the windowed signals still show):
      the replicas are at their capacity, so it is at most ``u``, and at most what they serve
-     (output tokens alone, where the pipeline gives them: an overloaded replica serves less than
-     it is offered): ``scale`` drops to that when above it (an upper bound, remembered for
-     ``memory_s``). The first ``tau_s`` of observations count as replicas just become ready;
+     where that is at most ``planned_fraction`` of ``u`` (output tokens alone, where the pipeline
+     gives them: an overloaded replica serves less than it is offered): ``scale`` drops to that
+     when above it (an upper bound, remembered for
+     ``memory_s``). The served rate is read only ``tau_s`` after the first observation;
    - *between* calm and pressure (at least midway) for ``tau_s`` while the fleet is the size the
      estimate asks for: the planned load is not comfortable, so ``scale`` drops to ``u`` and
      bounds the probe as pressure does (a probe that released one replica too many is taken
@@ -238,8 +239,7 @@ def _held_off(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning, ne
     """Whether replicas became ready within ``tau_s``: they drain a backlog the windowed signals
     still show, so the load per ready replica understates what one sustains. Records the ready
     count and the time it last rose in ``new``."""
-    # the first observation counts as replicas becoming ready: no window of signals behind it yet
-    up_t = obs.now_s if obs.ready > _num(state, "n", obs.ready if "t" in state else 0) else _num(state, "up_t", -math.inf)
+    up_t = obs.now_s if obs.ready > _num(state, "n", obs.ready) else _num(state, "up_t", -math.inf)
     new["n"], new["up_t"] = obs.ready, None if math.isinf(up_t) else up_t
     return obs.now_s - up_t < cfg.tau_s
 
@@ -296,6 +296,47 @@ def _calm(scale: float, u: float, hi: float, bank: float, dt: float, obs: Observ
     return scale, evidence, bank
 
 
+def _under_pressure(u: float, scale: float, served_units: float | None, obs: Observed, cfg: CapacityLearning,
+                    planned_fraction: float, new: dict[str, Any]) -> tuple[float, str]:
+    """(scale, evidence) under pressure; records the upper bound in ``new``."""
+    if u < cfg.burst_share * planned_fraction * scale:
+        # Pressure while the replicas carry far less than planned is a burst inside the rate's
+        # window (or a slow request), not a measure of what a replica sustains.
+        return scale, f"pressure at only {u:.3g} x profile per replica: a burst, not capacity"
+    new["hi"], new["hi_t"] = u, obs.now_s
+    evidence = f"pressure at {u:.3g} x profile per replica"
+    return min(scale, _sustained(u, served_units, obs.ready, planned_fraction)), evidence
+
+
+def _sustained(u: float, served_units: float | None, ready: int, planned_fraction: float) -> float:
+    """What a replica under pressure at load ``u`` sustains at most: down fast, ``u``, and what it
+    serves where that is clearly less (an overloaded replica serves less than it is offered; a
+    gap within ``planned_fraction`` is the token mix moving, not overload)."""
+    served = u if served_units is None else served_units / ready
+    return served if served <= planned_fraction * u else u
+
+
+def _between(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning, planned_fraction: float, u: float,
+             scale: float, qs: float | None, hi: float, held: bool, new: dict[str, Any], evidence: str
+             ) -> tuple[float, str]:
+    """(scale, evidence) between calm and pressure. At least midway while the fleet is the size
+    the estimate asks for: the planned load is not comfortable, so the estimate is too high; a
+    replica sustains about u (at most u / planned_fraction, calm there; at least u, no
+    pressure). Once that has lasted ``tau_s`` (not a burst), down to u, and no probe past it
+    (as after pressure). Records when it began in ``new["mid_t"]``."""
+    new["mid_t"] = None
+    if (qs is None or qs < (cfg.calm_ratio + cfg.pressure_ratio) / 2 or not obs.settled or held or u >= scale
+            or u * obs.ready <= planned_fraction * scale * (obs.ready - 1)):
+        return scale, evidence
+    mid_t = new["mid_t"] = min(obs.now_s, _num(state, "mid_t", obs.now_s))
+    evidence = f"between calm and pressure at {u:.3g} x profile per replica, at its planned size"
+    if obs.now_s - mid_t < cfg.tau_s:
+        return scale, evidence
+    if u < hi:
+        new["hi"], new["hi_t"] = u, obs.now_s
+    return u, evidence
+
+
 def learn(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning, planned_fraction: float,
           served_units: float | None = None) -> tuple[float, str, dict[str, Any]]:
     """(scale, evidence, new state) after one observation. ``planned_fraction``: the share of its
@@ -312,7 +353,8 @@ def _learn(state: Mapping[str, Any], obs: Observed, load_units: float | None, cf
     qs = None if obs.pressure is None else _smooth(q_prev, min(obs.pressure, PRESSURE_CAP), dt, cfg.tau_s)
     bank = _bank(state)
     new: dict[str, Any] = {"scale": scale, "t": obs.now_s, "q": qs, "hi": None if math.isinf(hi) else hi,
-                           "hi_t": None if math.isinf(hi) else hi_t, "bank": bank}
+                           "hi_t": None if math.isinf(hi) else hi_t, "bank": bank, "mid_t": None,
+                           "t0": min(obs.now_s, _num(state, "t0", obs.now_s))}
     if not cfg.learn:
         return scale, "learning off", new
     if load_units is None or obs.ready <= 0:
@@ -324,33 +366,13 @@ def _learn(state: Mapping[str, Any], obs: Observed, load_units: float | None, cf
     evidence = "no evidence (between calm and pressure)"
     if what == "pressure":
         new["bank"] = 0.0  # at capacity, or a burst: nothing owed to the probe
-    if what == "pressure" and u < cfg.burst_share * planned_fraction * scale:
-        # Pressure while the replicas carry far less than planned is a burst inside the rate's
-        # window (or a slow request), not a measure of what a replica sustains.
-        evidence = f"pressure at only {u:.3g} x profile per replica: a burst, not capacity"
-    elif what == "pressure":
-        new["hi"], new["hi_t"] = u, obs.now_s
-        evidence = f"pressure at {u:.3g} x profile per replica"
-        # down fast: at capacity at load u, a replica sustains at most u, and at most what it
-        # serves (an overloaded replica serves its most, less than the load it is offered)
-        served = u if served_units is None else min(u, served_units / obs.ready)
-        scale = min(scale, served)
+        # the served rate needs a window of signals behind it (tau_s since the first observation)
+        served = served_units if obs.now_s - new["t0"] >= cfg.tau_s else None
+        scale, evidence = _under_pressure(u, scale, served, obs, cfg, planned_fraction, new)
     elif what == "calm":
         scale, evidence, new["bank"] = _calm(scale, u, hi, bank, dt, obs, cfg, planned_fraction, down)
-    mid_t = None
-    if (what is None and qs is not None and qs >= (cfg.calm_ratio + cfg.pressure_ratio) / 2 and obs.settled
-            and not held and u < scale and u * obs.ready > planned_fraction * scale * (obs.ready - 1)):
-        # Between calm and pressure while the fleet is the size the estimate asks for: the
-        # planned load is not comfortable, so the estimate is too high; a replica sustains about
-        # u (at most u / planned_fraction, calm there; at least u, no pressure). Once that has
-        # lasted ``tau_s`` (not a burst), down to u, and no probe past it (as after pressure).
-        mid_t = min(obs.now_s, _num(state, "mid_t", obs.now_s))
-        evidence = f"between calm and pressure at {u:.3g} x profile per replica, at its planned size"
-        if obs.now_s - mid_t >= cfg.tau_s:
-            scale = u
-            if u < hi:
-                new["hi"], new["hi_t"] = u, obs.now_s
-    new["mid_t"] = mid_t
+    else:
+        scale, evidence = _between(state, obs, cfg, planned_fraction, u, scale, qs, hi, held, new, evidence)
     scale = min(max(scale, cfg.min_scale), cfg.max_scale)
     new["scale"] = scale
     return scale, evidence, new
@@ -365,7 +387,7 @@ the fleet's."""
 
 
 _GPU_FIELD_SET = frozenset(_GPU_FIELDS)
-_FLEET_FIELDS = ("t", "q", "n", "up_t", "dn_t", "mid_t")
+_FLEET_FIELDS = ("t", "q", "n", "up_t", "dn_t", "mid_t", "t0")
 """What :func:`learn` reads of the fleet's part of the state (the GPU type's part: ``_GPU_FIELDS``)."""
 
 

@@ -246,10 +246,8 @@ def _pressure(fresh: _Fresh, spec: PolicySpec, ready: int | None) -> float | Non
     TTFT over a window while no request waits is the window's memory of a backlog already served
     (after a cold start into a queue it stays high for the window): it counts only with a queue."""
     queue, rate, latency = fresh.queue, fresh.request_rate, fresh.latency
+    ttft = None if queue == 0 else fresh.ttft
     slo = spec.slo
-    ttft = fresh.ttft
-    if queue == 0 and ttft is not None and ttft > slo.ttft_p99_ms:
-        ttft = None
     ratios = []
     if queue is not None and ready and slo.queue_depth_per_replica:
         ratios.append(queue / ready / slo.queue_depth_per_replica)

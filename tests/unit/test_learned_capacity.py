@@ -167,11 +167,16 @@ def test_a_fleet_at_its_planned_size_that_is_not_calm_takes_the_estimate_back() 
 
 def test_pressure_is_bounded_by_what_the_replicas_serve() -> None:
     """An overloaded replica serves less than it is offered: under pressure the estimate drops to
-    the served load where it is given, to the offered load where it is not."""
-    state = {"scale": 1.0, "t": 0.0, "q": 1.5, "n": 4}
+    the served load where that is at most the planned fraction of the offered one (a smaller gap
+    is the token mix moving), to the offered load otherwise; and only once the served rate has a
+    window behind it (tau_s after the first observation)."""
+    state = {"scale": 1.0, "t": 0.0, "q": 1.5, "n": 4, "t0": -100.0}
     assert learn(state, obs(5.0, 4 * 1.6, 4, 1.5), CFG, 0.8)[0] == 1.0
     assert learn(state, obs(5.0, 4 * 1.6, 4, 1.5), CFG, 0.8, served_units=4 * 0.7)[0] == pytest.approx(0.7)
+    assert learn(state, obs(5.0, 4 * 1.6, 4, 1.5), CFG, 0.8, served_units=4 * 1.4)[0] == 1.0  # 1.4 > 0.8 x 1.6
     assert learn(state, obs(5.0, 4 * 0.9, 4, 1.5), CFG, 0.8, served_units=4 * 1.2)[0] == pytest.approx(0.9)
+    young = {**state, "t0": 0.0}
+    assert learn(young, obs(5.0, 4 * 1.6, 4, 1.5), CFG, 0.8, served_units=4 * 0.7)[0] == 1.0
 
 
 def test_on_a_small_fleet_the_probe_waits_for_a_step_down_to_show() -> None:
@@ -321,7 +326,7 @@ def test_a_pessimistic_profile_is_raised_and_the_fleet_shrinks_to_the_right_size
     """Warm start (the fleet ready at the size the true capacity gives): the upward probe (15 % a
     minute, paused while the fleet follows each step down) raises a 2 x pessimistic profile to
     within 15 % of the true capacity within 10 minutes (measured in this module's world through
-    ``tidegate simulate``: within 15 % from 305 s, 0.91 x at 600 and 615 s; at dde108b, before
+    ``tidegate simulate``: within 15 % from 300 s, 0.91 x at 600 s, 0.92 x at 615 s; at dde108b, before
     the probe was taken back when the fleet at its new size was not calm, 1.09 x at 600 s and
     rising, 1.15 x at most), and the fleet is then within one replica of the right profile's.
     Over trace seeds 1-12: ``bench/learned_capacity.py``."""
