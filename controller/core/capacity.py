@@ -31,11 +31,12 @@ for too few. So the capacity is computed in two steps, each tick:
      ``scale`` moves toward ``u`` when below it; and while the fleet runs close to its planned
      load and no recent upper bound forbids it, ``scale`` probes upward by ``probe_per_min`` a
      minute: a fleet sized by a pessimistic prior never loads its replicas enough to show that
-     they could take more. On ``BANK_MIN_REPLICAS`` or more the probe runs one replica further
-     ahead of the fleet than usual; on fewer it waits ``tau_s`` after the ready count falls (see
-     :func:`_calm`). Calm minutes in which something else holds the fleet far above the
-     estimate's size (a cold start's backlog, a burst, a floor) teach nothing; up to
-     ``BANK_MAX_MIN`` of them are banked.
+     they could take more. On ``FAR_PROBE_MIN_REPLICAS`` or more the probe runs one replica
+     further ahead of the fleet than usual; on fewer it waits ``tau_s`` after the ready count
+     falls (see :func:`_calm`). Calm minutes in which something else holds the fleet far above
+     the estimate's size (a cold start's backlog, a burst, a floor) teach nothing. Calm is read
+     only while the tick's own pressure is under ``pressure_ratio`` (the smoothed value lags a
+     sudden backlog).
 
    The pressure is smoothed with time constant ``tau_s`` (time is data: computed from the
    observations' timestamps, never from tick counts), each reading clipped to ``PRESSURE_CAP``.
@@ -72,15 +73,10 @@ HELD_SHARE = 0.5
 (``planned_fraction * scale``) is held far above the estimate's size by something other than
 the probe: a cold start's backlog, a burst, a floor. The probe's own lag (it raises the estimate,
 the fleet follows after the scale-down window) is at most ``2 + slack`` replicas (``1 + slack``,
-one more while it spends banked minutes on ``BANK_MIN_REPLICAS`` or more), so at the default
-tolerance (0.1) the replicas then still carry more than half the planned load. A tolerance of 0.5
-or more lets that lag itself bank minutes; ``BANK_MAX_MIN`` bounds what they add."""
+one more on ``FAR_PROBE_MIN_REPLICAS`` or more), so at the default tolerance (0.1) the replicas
+then still carry more than half the planned load."""
 
-BANK_MAX_MIN = 1.0
-"""At most this many calm minutes held far above are banked (the state's ``bank``, drawn down while
-the probe runs one replica further ahead; it no longer gates that probe, see :func:`_calm`)."""
-
-BANK_MIN_REPLICAS = 2 * PROBE_MIN_REPLICAS
+FAR_PROBE_MIN_REPLICAS = 2 * PROBE_MIN_REPLICAS
 """The probe goes one replica further ahead than usual only with at least this many ready
 replicas: the extra replica is then at most an eighth of the fleet. Below it, after the ready
 count falls, the probe also waits ``tau_s`` for the smoothed pressure to show the fewer replicas'
@@ -208,15 +204,18 @@ def _smooth(old: float | None, new: float, dt: float, tau_s: float) -> float:
     return old + a * (new - old)
 
 
-def _pressure(smoothed: float | None, previous: float | None, held_off: bool, cfg: CapacityLearning) -> str | None:
+def _pressure(smoothed: float | None, previous: float | None, held_off: bool, cfg: CapacityLearning,
+              now: float | None = None) -> str | None:
     """``pressure``, ``calm`` or ``None`` (in between, or nothing to judge by). Pressure counts
     only while it is not easing and not ``held_off`` (a backlog draining after new replicas came
-    is no evidence)."""
+    is no evidence). Calm counts only while this observation's own pressure ``now`` is under
+    ``pressure_ratio``: the smoothed value lags a sudden backlog (from a cold start into full
+    traffic it read calm for 20 s with 279 requests waiting on one replica, and the estimate rose)."""
     if smoothed is None:
         return None
     if smoothed >= cfg.pressure_ratio and not held_off and (previous is None or smoothed >= previous - 1e-9):
         return "pressure"
-    if smoothed <= cfg.calm_ratio:
+    if smoothed <= cfg.calm_ratio and (now is None or now < cfg.pressure_ratio):
         return "calm"
     return None
 
@@ -231,11 +230,6 @@ def _restore(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning) -> 
     if obs.now_s - hi_t > cfg.memory_s:
         hi = math.inf
     return scale, dt, q_prev, hi, hi_t
-
-
-def _bank(state: Mapping[str, Any]) -> float:
-    """The calm minutes banked for the probe (0 to ``BANK_MAX_MIN``; 0 in a state from before)."""
-    return min(max(_num(state, "bank", 0.0), 0.0), BANK_MAX_MIN)
 
 
 def _held_off(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning, new: dict[str, Any]) -> bool:
@@ -256,9 +250,9 @@ def _stepped_down(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning
     return obs.now_s - dn_t < cfg.tau_s
 
 
-def _calm(scale: float, u: float, hi: float, bank: float, dt: float, obs: Observed, cfg: CapacityLearning,
-          planned_fraction: float, stepped_down: bool = False) -> tuple[float, str, float]:
-    """Calm evidence: (scale, evidence, minutes banked for the probe). Up slowly, down fast (AIMD):
+def _calm(scale: float, u: float, hi: float, dt: float, obs: Observed, cfg: CapacityLearning,
+          planned_fraction: float, stepped_down: bool = False) -> tuple[float, str]:
+    """Calm evidence: (scale, evidence). Up slowly, down fast (AIMD):
     a capacity set too high costs the SLO, one too low costs money for a minute. Calm evidence
     above the estimate and the probe both rise at most ``probe_per_min``, and never to a load at
     which pressure was seen within ``memory_s``."""
@@ -267,36 +261,36 @@ def _calm(scale: float, u: float, hi: float, bank: float, dt: float, obs: Observ
     if scale < 1.0:  # back toward the profile after a correction, whatever the probe allows above it
         step = max(step, min(1.0, scale * (1.0 + RECOVER_PER_MIN * dt / 60.0)))
     if u > scale:
-        return min(u, step, max(hi, scale)), evidence, bank
+        return min(u, step, max(hi, scale)), evidence
     ready = obs.ready
     if not obs.settled or ready < PROBE_MIN_REPLICAS:
-        return scale, evidence, bank
+        return scale, evidence
     planned = planned_fraction * scale
     if u <= HELD_SHARE * planned:
         # Held far above the estimate's size by something else (HELD_SHARE): what the replicas
         # carry tests no estimate, and the minute is lost to the probe rather than spent waiting
-        # for the fleet to follow it. Bank it (at most BANK_MAX_MIN); the estimate stays put.
-        return scale, evidence + ", fleet held far above its size", min(BANK_MAX_MIN, bank + dt / 60.0)
+        # for the fleet to follow it. The estimate stays put.
+        return scale, evidence + ", fleet held far above its size"
     if step >= hi:
-        return scale, evidence, bank
-    if stepped_down and ready < BANK_MIN_REPLICAS:  # the fewer replicas' load has not shown in the smoothed pressure yet
-        return scale, evidence + ", fewer replicas not yet shown", bank
+        return scale, evidence
+    if stepped_down and ready < FAR_PROBE_MIN_REPLICAS:  # the fewer replicas' load has not shown in the smoothed pressure yet
+        return scale, evidence + ", fewer replicas not yet shown"
     # Probe only while the fleet is the size the current estimate asks for, give or take the
     # tolerance dead band that keeps a small change from happening (raising the estimate before the
     # fleet has followed teaches nothing), and only with enough replicas that the one a probe
     # releases is a small step (PROBE_MIN_REPLICAS).
     if u * ready > planned * (ready - 1 - obs.slack):
-        return step, evidence + ", probing up", bank
+        return step, evidence + ", probing up"
     # That gate closes just as the fleet starts to follow (the same dead band), so the probe idles
     # through each scale-down window. On a fleet large enough that one replica is a small step
-    # (BANK_MIN_REPLICAS) it goes on one replica further ahead, still on calm evidence, below
+    # (FAR_PROBE_MIN_REPLICAS) it goes on one replica further ahead, still on calm evidence, below
     # ``hi``; an overshoot shows as pressure, or as the fleet at its new size not calm (``mid_t``
-    # in :func:`_learn`), and is taken back. Banked minutes are drawn down as before but no longer
-    # gate this (measured with bench/learned_capacity.py: with the gate, a cold start reached only
-    # 0.75-0.80 x the true capacity by 600 s on seeds 1-6, without it 0.89-0.95 x).
-    if ready >= BANK_MIN_REPLICAS and u * ready > planned * (ready - 2 - obs.slack):
-        return step, evidence + ", probing up one replica further ahead", max(0.0, bank - dt / 60.0)
-    return scale, evidence, bank
+    # in :func:`_learn`), and is taken back. (Measured with bench/learned_capacity.py: gated on
+    # calm minutes banked while the fleet was held far above its size, as before, a cold start
+    # reached only 0.75-0.80 x the true capacity by 600 s on seeds 1-6; ungated 0.89-0.95 x.)
+    if ready >= FAR_PROBE_MIN_REPLICAS and u * ready > planned * (ready - 2 - obs.slack):
+        return step, evidence + ", probing up one replica further ahead"
+    return scale, evidence
 
 
 def _under_pressure(u: float, scale: float, served_units: float | None, obs: Observed, cfg: CapacityLearning,
@@ -354,9 +348,8 @@ def _learn(state: Mapping[str, Any], obs: Observed, load_units: float | None, cf
     """:func:`learn` with the observation's load given apart (one per GPU type, the rest shared)."""
     scale, dt, q_prev, hi, hi_t = _restore(state, obs, cfg)
     qs = None if obs.pressure is None else _smooth(q_prev, min(obs.pressure, PRESSURE_CAP), dt, cfg.tau_s)
-    bank = _bank(state)
     new: dict[str, Any] = {"scale": scale, "t": obs.now_s, "q": qs, "hi": None if math.isinf(hi) else hi,
-                           "hi_t": None if math.isinf(hi) else hi_t, "bank": bank, "mid_t": None,
+                           "hi_t": None if math.isinf(hi) else hi_t, "mid_t": None,
                            "t0": min(obs.now_s, _num(state, "t0", obs.now_s))}
     if not cfg.learn:
         return scale, "learning off", new
@@ -365,15 +358,14 @@ def _learn(state: Mapping[str, Any], obs: Observed, load_units: float | None, cf
     u = load_units / obs.ready
     down = _stepped_down(state, obs, cfg, new)
     held = _held_off(state, obs, cfg, new)
-    what = _pressure(qs, q_prev, held, cfg)
+    what = _pressure(qs, q_prev, held, cfg, obs.pressure)
     evidence = "no evidence (between calm and pressure)"
     if what == "pressure":
-        new["bank"] = 0.0  # at capacity, or a burst: nothing owed to the probe
         # the served rate needs a window of signals behind it (tau_s since the first observation)
         served = served_units if obs.now_s - new["t0"] >= cfg.tau_s else None
         scale, evidence = _under_pressure(u, scale, served, obs, cfg, planned_fraction, new)
     elif what == "calm":
-        scale, evidence, new["bank"] = _calm(scale, u, hi, bank, dt, obs, cfg, planned_fraction, down)
+        scale, evidence = _calm(scale, u, hi, dt, obs, cfg, planned_fraction, down)
     else:
         scale, evidence = _between(state, obs, cfg, planned_fraction, u, scale, qs, hi, held, new, evidence)
     scale = min(max(scale, cfg.min_scale), cfg.max_scale)
@@ -382,9 +374,9 @@ def _learn(state: Mapping[str, Any], obs: Observed, load_units: float | None, cf
 
 
 GPU_KEY = "gpus"
-"""Key of the per-GPU-type part of the learner's state: ``{gpu_type: {"scale", "hi", "hi_t", "bank"}}``."""
+"""Key of the per-GPU-type part of the learner's state: ``{gpu_type: {"scale", "hi", "hi_t"}}``."""
 
-_GPU_FIELDS = ("scale", "hi", "hi_t", "bank")
+_GPU_FIELDS = ("scale", "hi", "hi_t")
 """What the learner keeps per GPU type; the rest (time, smoothed pressure, ready count, mix) is
 the fleet's."""
 
@@ -474,14 +466,13 @@ def learn_by_gpu(state: Mapping[str, Any], obs: Observed, load_units: Mapping[st
 
 def _idle(state: Mapping[str, Any], now_s: float, cfg: CapacityLearning) -> tuple[float, dict[str, Any]]:
     """(scale, per-GPU fields) of a GPU type with no ready replica: what :func:`learn` returns for
-    an observation without load (its scale and bank kept, its upper bound forgotten after ``memory_s``),
+    an observation without load (its scale kept, its upper bound forgotten after ``memory_s``),
     without the fleet's fields it would compute only to be dropped."""
     scale = min(max(_num(state, "scale", 1.0), cfg.min_scale), cfg.max_scale)
-    bank = _bank(state)
     hi, hi_t = _num(state, "hi", math.inf), _num(state, "hi_t", -math.inf)
     if now_s - hi_t > cfg.memory_s or math.isinf(hi):
-        return scale, {"scale": scale, "hi": None, "hi_t": None, "bank": bank}
-    return scale, {"scale": scale, "hi": hi, "hi_t": hi_t, "bank": bank}
+        return scale, {"scale": scale, "hi": None, "hi_t": None}
+    return scale, {"scale": scale, "hi": hi, "hi_t": hi_t}
 
 
 def _one_line(evidence: list[str]) -> str:

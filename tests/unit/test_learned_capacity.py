@@ -17,8 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.core.capacity import (
-    BANK_MAX_MIN,
-    BANK_MIN_REPLICAS,
+    FAR_PROBE_MIN_REPLICAS,
     Mix,
     Observed,
     for_mix,
@@ -110,39 +109,34 @@ def _calm_for(state: dict, t: float, minutes: float, load: float, ready: int) ->
     return t, state, evidence
 
 
-def test_a_fleet_held_far_above_its_size_teaches_nothing_and_banks_at_most_a_minute() -> None:
+def test_a_fleet_held_far_above_its_size_teaches_nothing() -> None:
     """A fleet carrying under half its planned load (a cold start's backlog scaled it up, a burst,
-    a floor) tests no estimate: however long it is held so, the estimate stays put, and at most
-    BANK_MAX_MIN minutes are owed to the probe."""
+    a floor) tests no estimate: however long it is held so, the estimate stays put."""
     state = {"scale": 1.0, "t": 0.0, "q": 0.1}
     t, state, evidence = _calm_for(state, 0.0, 30.0, 0.3 * 24, 24)  # 0.3 <= 0.5 x 0.8 x 1.0
-    assert state["scale"] == 1.0 and state["bank"] == BANK_MAX_MIN
+    assert state["scale"] == 1.0
     assert all(e.endswith("fleet held far above its size") for e in evidence)
 
 
 def test_on_a_large_fleet_the_probe_runs_one_replica_further_ahead_and_never_past_pressure() -> None:
     """Back near its size with the usual gate closed (the fleet a replica beyond the dead band
     above the estimate's size), the probe goes on one replica further ahead on a fleet of
-    BANK_MIN_REPLICAS or more, banked minutes or not (they are drawn down, no longer required):
-    no further than that one replica, not past a recent pressure point, not on a small fleet, and
-    pressure empties the bank."""
+    FAR_PROBE_MIN_REPLICAS or more: no further than that one replica, not past a recent pressure
+    point, not on a small fleet."""
     step = 1 + CFG.probe_per_min * 5 / 60
-    base = {"scale": 1.0, "t": 0.0, "q": 0.1, "bank": BANK_MAX_MIN}
+    base = {"scale": 1.0, "t": 0.0, "q": 0.1}
     # 8 ready carrying what 6.99 replicas at the planned load would: the usual gate (7) is closed,
     # one replica more (6) open until the estimate would size the fleet at 6
     n, load = 8, 0.8 * 6.99
-    assert learn({**base, "bank": 0.0}, obs(5.0, load, n, 0.1), CFG, 0.8)[0] == pytest.approx(step)
+    assert learn(dict(base), obs(5.0, load, n, 0.1), CFG, 0.8)[0] == pytest.approx(step)
     _, state, evidence = _calm_for(dict(base), 0.0, 3.0, load, n)
-    assert state["bank"] == pytest.approx(0.0, abs=1e-9)
     assert 6.99 / 6 <= state["scale"] <= 6.99 / 6 * step  # one replica further ahead, no more
     assert evidence[0].endswith("probing up one replica further ahead") and evidence[-1].endswith("replica")
     # a pressure point within memory_s bounds it as it bounds the probe
     assert learn({**base, "hi": 1.0, "hi_t": 0.0}, obs(5.0, load, n, 0.1), CFG, 0.8)[0] == 1.0
-    # below BANK_MIN_REPLICAS one more replica is too large a step
-    small = BANK_MIN_REPLICAS - 1
+    # below FAR_PROBE_MIN_REPLICAS one more replica is too large a step
+    small = FAR_PROBE_MIN_REPLICAS - 1
     assert learn(base, obs(5.0, 0.8 * (small - 1.5), small, 0.1), CFG, 0.8)[0] == 1.0
-    # pressure empties the bank
-    assert learn(base, obs(65.0, 1.2 * n, n, 1.5), CFG, 0.8)[2]["bank"] == 0.0
 
 
 def test_a_fleet_at_its_planned_size_that_is_not_calm_takes_the_estimate_back() -> None:
@@ -180,7 +174,7 @@ def test_pressure_is_bounded_by_what_the_replicas_serve() -> None:
 
 
 def test_on_a_small_fleet_the_probe_waits_for_a_step_down_to_show() -> None:
-    """On fewer than BANK_MIN_REPLICAS, tau_s after the ready count fell the smoothed pressure
+    """On fewer than FAR_PROBE_MIN_REPLICAS, tau_s after the ready count fell the smoothed pressure
     has not yet shown the fewer replicas' load: calm then does not probe further."""
     base = {"scale": 1.0, "t": 0.0, "q": 0.1, "n": 5}
     load = 0.8 * 4 * 0.99  # 4 ready at the size the estimate asks for
@@ -326,9 +320,10 @@ def test_a_pessimistic_profile_is_raised_and_the_fleet_shrinks_to_the_right_size
     """Warm start (the fleet ready at the size the true capacity gives): the upward probe (15 % a
     minute, paused while the fleet follows each step down) raises a 2 x pessimistic profile to
     within 15 % of the true capacity within 10 minutes (measured in this module's world through
-    ``tidegate simulate``: within 15 % from 300 s, 0.91 x at 600 s, 0.92 x at 615 s; at dde108b, before
-    the probe was taken back when the fleet at its new size was not calm, 1.09 x at 600 s and
-    rising, 1.15 x at most), and the fleet is then within one replica of the right profile's.
+    ``tidegate simulate``: within 15 % from 245 s, 1.08 x at 600 and 615 s, 1.09 x at most; at
+    dde108b, before the probe was taken back when the fleet at its new size was not calm, 1.09 x at
+    600 s and rising, 1.15 x at most), and the fleet is then within one replica of the right
+    profile's.
     Over trace seeds 1-12: ``bench/learned_capacity.py``."""
     cap, timeline, true_tok = _run(world, 0.5, capsys, warm=True)
     right_cap, right_timeline, _ = _run(world, 1.0, capsys, warm=True)
@@ -344,10 +339,11 @@ def test_a_pessimistic_profile_from_a_cold_start_is_raised_within_ten_minutes(
     """From one replica the backlog of the first minute scales the fleet to its maximum, and the
     probe can only begin once that fleet has shrunk, about four minutes in. On eight replicas or
     more it then runs one replica ahead of the fleet through the scale-down windows that follow
-    (``capacity.BANK_MIN_REPLICAS``), which brings a 2 x pessimistic profile within 15 % of the
-    true capacity by 10 minutes: measured in this module's world through ``tidegate simulate``,
-    0.91 x at 600 s, within 15 % from 470 s (0.90 x from 560 s at dde108b, with banked minutes;
-    0.82 x at 600 s before them), and the fleet then within one replica of the right profile's."""
+    (``capacity.FAR_PROBE_MIN_REPLICAS``), which brings a 2 x pessimistic profile within 15 % of
+    the true capacity by 10 minutes: measured in this module's world through ``tidegate
+    simulate``, 0.91 x at 600 s, within 15 % from 475 s (0.90 x from 560 s at dde108b, which ran
+    further ahead only on calm minutes banked while the fleet was held far above its size; 0.82 x
+    at 600 s before that), and the fleet then within one replica of the right profile's."""
     cap, timeline, true_tok = _run(world, 0.5, capsys)
     right_cap, right_timeline, _ = _run(world, 1.0, capsys)
     assert cap["log"][0][1] == pytest.approx(0.5 * true_tok, rel=0.02)
@@ -356,13 +352,16 @@ def test_a_pessimistic_profile_from_a_cold_start_is_raised_within_ten_minutes(
     assert all(abs(n - right) <= 1 for n in _desired(timeline, 600, 660)), (_desired(timeline, 600, 660), right)
 
 
-def test_an_optimistic_profile_from_a_cold_start_is_never_raised_by_the_bank(
+def test_an_optimistic_profile_from_a_cold_start_is_never_raised(
         world: dict[str, object], capsys: pytest.CaptureFixture[str]) -> None:
-    """The same cold start banks its held minutes with a 2 x optimistic profile too; the first
-    pressure empties the bank, so the learned value never rises above the profile (measured in
-    this module's world through ``tidegate simulate``: 0.68 x at 300 s, pressure bounded by what
-    the one replica served, then within 15 % from 395 s, 0.89 x at 600 s; at dde108b 1.37 x at
-    300 s and 1.05 x from 545 s, which on trace seeds 2-6 stayed at 1.34-1.44 x)."""
+    """The same cold start with a 2 x optimistic profile: the learned value never rises above the
+    profile, not even in the first seconds, when one replica faces the whole load and the smoothed
+    pressure has not caught up with the backlog yet (calm is not read while the tick's own
+    pressure is high; before, it rose to 2.08 x in the first 25 s once the simulated request rate
+    stopped under-reading its first window). Measured in this module's world through ``tidegate
+    simulate``: 0.68 x at 300 s, pressure bounded by what the one replica served, then within 15 %
+    from 395 s, 0.89 x at 600 s; at dde108b 1.37 x at 300 s and 1.05 x from 545 s, which on trace
+    seeds 2-6 stayed at 1.34-1.44 x."""
     cap, _, true_tok = _run(world, 2.0, capsys)
     assert max(row[1] for row in cap["log"]) <= 2.0 * true_tok * 1.001
     assert _at(cap["log"], 300.0) <= 1.45 * true_tok
@@ -373,10 +372,9 @@ def test_a_fleet_held_above_by_a_burst_does_not_learn_past_the_true_capacity(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A 2 x pessimistic profile, warm, and a two-minute burst at three times the rate (minutes 5-7)
     that scales the fleet up and, with a five-minute scale-down window, holds it far above its size
-    for minutes: the held minutes are banked, but what the learner reaches over 25 minutes stays
-    within 15 % of the true capacity (measured through ``tidegate simulate`` on this test's trace,
-    fleet and policy: at most 1.09 x, reached after the burst, at 1485 s; 0.93 x before the bank
-    was added)."""
+    for minutes: what the learner reaches over 25 minutes stays within 15 % of the true capacity
+    (measured through ``tidegate simulate`` on this test's trace, fleet and policy: at most
+    1.09 x, reached after the burst, at 1485 s)."""
     rng = np.random.default_rng(1)
     dur = 1500.0
     t = np.concatenate([rng.uniform(0, dur, int(RATE_PER_S * dur)), rng.uniform(300.0, 420.0, int(60.0 * 120))])

@@ -193,3 +193,24 @@ def test_percentile_is_numpys_bit_for_bit(values: list[float], q: float) -> None
     # the simulator's p99s (scraped latency signal, timeline, summary) must not move by a bit
     arr = np.asarray(values, dtype=np.float64)
     assert percentile(arr, q) == float(np.percentile(arr, q))
+
+
+@pytest.mark.parametrize("mode", ["requests", "fluid"])
+def test_the_first_window_reads_the_rates_a_full_one_does(mode: str) -> None:
+    """Before the world has run a whole rate window, the request rate and the token rates are
+    over the same time run, as Prometheus's are over one range: a constant load reads the same
+    request rate and tokens per request 15 s in as once the window is full. (The request rate
+    once divided by the whole window: 15 s in it read a quarter of the load, the tokens per
+    request four times the trace's, and every run's start looked like a steep ramp.)"""
+    work = F.rate_series([F.rate_at_slo() * 3.0] * 10)
+    res = simulate(F.setup(work, mode=mode, seed=5), TidegateController(F.policy(min_replicas=4)))
+    tl = res.timeline
+    rows = [(t, r, i) for t, r, i in zip(tl["t_s"], tl["request_rate_per_s"], tl["input_tokens_per_s"])
+            if r and i]
+    early = [(r, i / r) for t, r, i in rows if 10.0 <= t <= 30.0]
+    full = [(r, i / r) for t, r, i in rows if 120.0 <= t <= 540.0]
+    assert early and full
+    rate, per_request = (float(np.median([x[k] for x in full])) for k in (0, 1))
+    for r, p in early:
+        assert r == pytest.approx(rate, rel=0.25), (r, rate)
+        assert p == pytest.approx(per_request, rel=0.25), (p, per_request)
