@@ -43,6 +43,9 @@ from policies.base import Registry
 
 logger = logging.getLogger("tidegate.daemon")
 
+_Version = tuple[str, str, list[Any], str]
+"""A policy version for the decision log: (model, version, sources, content)."""
+
 READY_SLACK_WALL_S = 2.0
 """Scheduling slack readiness allows on top of three tick intervals, wall seconds (a tick that
 starts late on a busy node must not flap the pod out of its Service)."""
@@ -116,7 +119,7 @@ class Daemon:
         self.policies_dir = policies_dir or config.policies_dir
         self.policy_store = PolicyStore(registry, known_models=set(self.models),
                                         limits=PolicyLimits(max_file_bytes=config.policy_max_file_bytes))
-        self._unrecorded_versions: dict[tuple[str, str], tuple[tuple[str, str, list[Any], str], datetime]] = {}
+        self._unrecorded_versions: dict[tuple[str, str], tuple[_Version, datetime]] = {}
         """Policy versions put in force while the database was away, keyed by (model, version),
         with the time they came into force: every reload tries to record them first."""
 
@@ -209,11 +212,10 @@ class Daemon:
         self._record_versions(waiting)
         return self.policy_store.status()
 
-    def _record_versions(self, waiting: dict[tuple[str, str], tuple[tuple[str, str, list[Any], str], datetime]]
-                         ) -> None:
+    def _record_versions(self, waiting: dict[tuple[str, str], tuple[_Version, datetime]]) -> None:
         """Record the versions waiting, each at the time it came into force (one transaction per
         such time: a reload's versions share one); what went in leaves the waiting list."""
-        by_time: dict[datetime, list[tuple[tuple[str, str], tuple[str, str, list[Any], str]]]] = {}
+        by_time: dict[datetime, list[tuple[tuple[str, str], _Version]]] = {}
         for key, (item, at) in waiting.items():
             by_time.setdefault(at, []).append((key, item))
         for at in sorted(by_time):

@@ -18,11 +18,12 @@ for too few. So the capacity is computed in two steps, each tick:
    - *under pressure* (the smoothed queue per replica, or p99 latency, at least
      ``pressure_ratio`` of its target, the smoothed pressure not falling, and no replica become
      ready within ``tau_s``: new replicas drain a backlog that the windowed signals still show):
-     the replicas are at their capacity, so it is at most ``u``, and at most what they serve
-     where that is at most ``planned_fraction`` of ``u`` (output tokens alone, where the pipeline
-     gives them: an overloaded replica serves less than it is offered): ``scale`` drops to that
-     when above it (an upper bound, remembered for
-     ``memory_s``). The served rate is read only ``tau_s`` after the first observation;
+     the replicas are at their capacity, so it is at most ``u``, and, where they are offered
+     more than the estimate, at most what they serve where that is at most ``planned_fraction``
+     of ``u`` (output tokens alone, where the pipeline gives them: an overloaded replica serves
+     less than it is offered; see :func:`_sustained`): ``scale`` drops to that when above it (an
+     upper bound, remembered for ``memory_s``). The served rate is read only ``tau_s`` after the
+     first observation;
    - *between* calm and pressure (at least midway) for ``tau_s`` while the fleet is the size the
      estimate asks for: the planned load is not comfortable, so ``scale`` drops to ``u`` and
      bounds the probe as pressure does (a probe that released one replica too many is taken
