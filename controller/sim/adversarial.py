@@ -7,14 +7,18 @@ a distribution of its own) from a seed, so a run is repeatable and the shapes ar
 traces':
 
 ``flash-crowd``      a quiet base, then ten times the load within a minute, fading over 15 minutes;
-                     (every trace lasts an hour, ``idle-burst`` an hour and a half)
+                     (every trace lasts an hour, ``idle-burst`` and ``step-up`` an hour and a half)
 ``idle-burst``       an hour of near silence, then a 10-minute step burst, then silence again;
 ``sawtooth``         load ramps from low to high over 10 minutes and drops at once, three times;
 ``slow-ramp``        a one-hour ramp from a trickle to the peak and back;
 ``spot-reclaim``     a steady peak during which the whole of the cheapest spot pool is reclaimed
                      (its spot trace drops to zero capacity at the peak for 20 minutes);
 ``long-prompts``     prompts of 4-12k tokens with answers of 5-40 tokens (prefill bound);
-``long-answers``     prompts of 50-400 tokens with answers of 400-1,500 tokens (decode bound).
+``long-answers``     prompts of 50-400 tokens with answers of 400-1,500 tokens (decode bound);
+``steady``           the same load for the whole hour (a fleet that starts small must catch up once,
+                     then hold the right size);
+``step-up``          a third of the peak for 30 minutes, the peak for 30, a third again for 30
+                     (a lasting step, not a spike: an hour and a half).
 
 Rates are in units of the peak: the benchmark scales every trace so its busiest minute needs
 ``peak_replicas`` replicas (``scenario.build_scenario``'s ``peak_replicas``), like the shared ones.
@@ -124,9 +128,22 @@ def long_answers(seed: int) -> Adversary:
     return Adversary("long-answers", _make("long-answers", rate, 3600.0, seed, ((50.0, 400.0), (400.0, 1500.0))))
 
 
+def steady(seed: int) -> Adversary:
+    def rate(t: np.ndarray) -> np.ndarray:
+        return np.full_like(t, BASE_RATE_PER_S)
+    return Adversary("steady", _make("steady", rate, 3600.0, seed))
+
+
+def step_up(seed: int) -> Adversary:
+    def rate(t: np.ndarray) -> np.ndarray:
+        return BASE_RATE_PER_S * np.where((t >= 1800.0) & (t < 3600.0), 1.0, 1.0 / 3.0)
+    return Adversary("step-up", _make("step-up", rate, 5400.0, seed))
+
+
 ADVERSARIES: dict[str, Callable[[int], Adversary]] = {
     "flash-crowd": flash_crowd, "idle-burst": idle_burst, "sawtooth": sawtooth, "slow-ramp": slow_ramp,
     "spot-reclaim": spot_reclaim, "long-prompts": long_prompts, "long-answers": long_answers,
+    "steady": steady, "step-up": step_up,
 }
 
 

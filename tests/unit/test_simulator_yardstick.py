@@ -203,6 +203,11 @@ def test_adversarial_traces_are_seeded_and_have_their_shapes() -> None:
     long_a = ADVERSARIES["long-answers"](0).trace
     assert long_p.prompt_tokens.mean() > 20 * long_p.output_tokens.mean()
     assert long_a.output_tokens.mean() > 2 * long_a.prompt_tokens.mean()
+    steady = ADVERSARIES["steady"](0).trace.rate_per_s(60.0)
+    assert steady.min() > 0.8 * steady.max()  # no minute stands out: one size fits the hour
+    step = ADVERSARIES["step-up"](0).trace.rate_per_s(60.0)
+    low, high, after = step[1:29], step[31:59], step[61:89]
+    assert high.min() > 2 * max(low.max(), after.max())  # a lasting step, then back down
 
 
 def test_trace_start_keeps_the_idle_lead(tmp_path: Path) -> None:
