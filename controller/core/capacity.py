@@ -412,22 +412,28 @@ def learned_scale(state: Mapping[str, Any], gpu: str, cfg: CapacityLearning) -> 
 
 def load_units_by_gpu(state: Mapping[str, Any], cfg: CapacityLearning, ready: Mapping[str, int],
                       priors: Mapping[str, ReplicaCapacity], requests_per_s: float | None,
-                      output_tokens_per_s: float | None) -> dict[str, float | None]:
-    """Per GPU type with ready replicas, the load for :func:`learn_by_gpu`: the fleet's load over
-    what its ready replicas sustain by the current estimates (the larger of requests and output
-    tokens), given to each GPU type in proportion to its own scale. The signals are the model's,
-    summed over its pools, so one observation cannot tell which GPU type is the slow one: it moves
-    every GPU type present by the same factor and keeps the differences learned while each
-    served alone. On one GPU type it is the load per ready replica in units of its prior."""
+                      output_tokens_per_s: float | None
+                      ) -> tuple[dict[str, float | None], dict[str, float | None] | None]:
+    """(load, served) per GPU type with ready replicas, for :func:`learn_by_gpu`. The load: the
+    fleet's load over what its ready replicas sustain by the current estimates (the larger of
+    requests and output tokens), given to each GPU type in proportion to its own scale. The
+    signals are the model's, summed over its pools, so one observation cannot tell which GPU type
+    is the slow one: it moves every GPU type present by the same factor and keeps the differences
+    learned while each served alone. On one GPU type it is the load per ready replica in units of
+    its prior. The served load is the same for the output tokens alone (``None`` without an output
+    token rate): what replicas under pressure sustain at most (``served_units``). Both from one
+    reading of the scales."""
     n = sum(ready.values())
     scales = {g: learned_scale(state, g, cfg) for g in ready}
     rel: float | None = None
     if requests_per_s is not None:
         rel = _larger(rel, requests_per_s, sum([k * scales[g] * priors[g].requests_per_s for g, k in ready.items()]))
-    if output_tokens_per_s is not None:
-        rel = _larger(rel, output_tokens_per_s,
-                      sum([k * scales[g] * priors[g].output_tokens_per_s for g, k in ready.items()]))
-    return {g: None if rel is None else rel * scales[g] * n for g in ready}
+    if output_tokens_per_s is None:
+        return {g: None if rel is None else rel * scales[g] * n for g in ready}, None
+    out_cap = sum([k * scales[g] * priors[g].output_tokens_per_s for g, k in ready.items()])
+    rel, served = _larger(rel, output_tokens_per_s, out_cap), _larger(None, output_tokens_per_s, out_cap)
+    return ({g: None if rel is None else rel * scales[g] * n for g in ready},
+            {g: None if served is None else served * scales[g] * n for g in ready})
 
 
 def _larger(rel: float | None, load: float, cap: float) -> float | None:
@@ -448,7 +454,7 @@ def learn_by_gpu(state: Mapping[str, Any], obs: Observed, load_units: Mapping[st
     gpus = sorted(set(load_units) | (set(known) if type(known) is dict or isinstance(known, Mapping) else set()))
     scales: dict[str, float] = {}
     per: dict[str, dict[str, Any]] = {}
-    evidence: list[str] = []
+    evidence: list[tuple[str | None, str]] = []
     new_fleet: dict[str, Any] | None = None
     for gpu in gpus:
         fields = _gpu_fields(state, gpu)
@@ -456,14 +462,14 @@ def learn_by_gpu(state: Mapping[str, Any], obs: Observed, load_units: Mapping[st
             scale, ev, new = _learn({**fleet, **fields}, obs, load_units[gpu], cfg, planned_fraction,
                                     None if served_units is None else served_units.get(gpu))
             new_fleet = new
-            evidence.append(f"{gpu}: {ev}")
-            per[gpu] = {k: new.get(k) for k in _GPU_FIELDS}
+            evidence.append((gpu, ev))
+            per[gpu] = {"scale": new["scale"], "hi": new["hi"], "hi_t": new["hi_t"]}  # _GPU_FIELDS
         else:  # no replica of it ready: nothing to learn about it this tick
             scale, per[gpu] = _idle(fields, obs.now_s, cfg)
         scales[gpu] = scale
     if new_fleet is None:  # no GPU type has evidence: the fleet's clock and pressure still move
         scale, ev, new_fleet = _learn(fleet, obs, None, cfg, planned_fraction)
-        evidence.append(ev)
+        evidence.append((None, ev))
     out = {k: v for k, v in new_fleet.items() if k not in _GPU_FIELDS}
     out[GPU_KEY] = per
     return scales, _one_line(evidence), out
@@ -480,13 +486,14 @@ def _idle(state: Mapping[str, Any], now_s: float, cfg: CapacityLearning) -> tupl
     return scale, {"scale": scale, "hi": hi, "hi_t": hi_t}
 
 
-def _one_line(evidence: list[str]) -> str:
-    """``H100: calm ...; H200: pressure ...``, or the evidence alone where every GPU type saw the
-    same (one GPU type, or several with the same profile)."""
+def _one_line(evidence: list[tuple[str | None, str]]) -> str:
+    """``H100: calm ...; H200: pressure ...`` from (GPU type, evidence) pairs, or the evidence
+    alone where every GPU type saw the same (one GPU type, or several with the same profile) or
+    none had any (GPU type ``None``)."""
     if len(evidence) == 1:  # one GPU type: the common case
-        return evidence[0].split(": ", 1)[1] if ": " in evidence[0] else evidence[0]
-    plain = {e.split(": ", 1)[1] if ": " in e else e for e in evidence}
-    return plain.pop() if len(plain) == 1 else "; ".join(evidence)
+        return evidence[0][1]
+    plain = {ev for _, ev in evidence}
+    return plain.pop() if len(plain) == 1 else "; ".join([f"{gpu}: {ev}" for gpu, ev in evidence])
 
 
 def weighted(caps: Mapping[str, ReplicaCapacity], weights: Mapping[str, float]) -> ReplicaCapacity:

@@ -221,9 +221,8 @@ def _capacity(
         now_s=now_s, load_units=None, ready=ready or 0,
         settled=ready is not None and ready >= total > 0, slack=int(spec.behavior.tolerance * (ready or 0)),
         pressure=pressure)
-    units = learned_capacity.load_units_by_gpu(state, c, ready_gpus, priors, fresh.request_rate, fresh.output_tokens)
-    served = (None if fresh.output_tokens is None else
-              learned_capacity.load_units_by_gpu(state, c, ready_gpus, priors, None, fresh.output_tokens))
+    units, served = learned_capacity.load_units_by_gpu(state, c, ready_gpus, priors, fresh.request_rate,
+                                                       fresh.output_tokens)
     scales, evidence, new_state = learned_capacity.learn_by_gpu(state, obs, units, c, policy.planned_fraction, served)
     caps = {g: learned_capacity.for_mix(model.capacity[g], mix, scales.get(g, 1.0)) for g in weights}
     cap = learned_capacity.weighted(caps, weights)

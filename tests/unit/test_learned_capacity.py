@@ -409,7 +409,7 @@ def _serve_alone(state: dict, gpu: str, true_scale: float, t0: float, minutes: f
         scale = learned_scale(state, gpu, CFG)
         n = max(4, math.ceil(load_rps / (0.8 * scale * CAP.requests_per_s)))
         rho = min(load_rps / n / (true_scale * CAP.requests_per_s), 0.99)
-        units = load_units_by_gpu(state, CFG, {gpu: n}, {gpu: CAP}, load_rps, None)
+        units, _ = load_units_by_gpu(state, CFG, {gpu: n}, {gpu: CAP}, load_rps, None)
         _, _, state = learn_by_gpu(state, Observed(t, None, n, True, 0, rho / (1 - rho) / 4), units, CFG, 0.8)
     return state, t
 
@@ -442,7 +442,7 @@ def test_two_gpu_types_of_different_speeds_learn_different_capacities() -> None:
 def test_a_state_from_before_the_per_gpu_learner_applies_to_every_gpu_type() -> None:
     old = {"scale": 0.6, "t": 0.0, "q": 0.1}
     assert learned_scale(old, "H100", CFG) == learned_scale(old, "H200", CFG) == 0.6
-    units = load_units_by_gpu(old, CFG, {"H100": 4}, {"H100": CAP}, 4.0, None)
+    units, _ = load_units_by_gpu(old, CFG, {"H100": 4}, {"H100": CAP}, 4.0, None)
     scales, _, new = learn_by_gpu(old, Observed(5.0, None, 4, True, 0, 0.6), units, CFG, 0.8)
     assert set(new["gpus"]) == {"H100"} and new["gpus"]["H100"]["scale"] == scales["H100"]
     assert scales["H100"] == pytest.approx(0.6, rel=0.05)  # it went on from the model's old scale
