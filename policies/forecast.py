@@ -49,7 +49,6 @@ from typing import Any, NamedTuple, Sequence
 
 from pydantic import Field
 
-from controller.core.capacity import offered_tokens
 from controller.core.model import Recommendation
 from controller.core.reasons import Reason
 from controller.core.spec import MAX_REPLICAS, MAX_WINDOW_S
@@ -63,11 +62,8 @@ PEAK_BUCKET_MIN_S = 15.0
 """Older samples fold into buckets of ``max(15 s, history / 240)`` (see :func:`fold_peaks`)."""
 
 SIGNAL_OF = {"requests": "request_rate_per_s", "output_tokens": "output_tokens_per_s"}
-"""The observed signal each forecast rate reads (as served; the load offered replaces it where
-``ARRIVALS`` is fresh)."""
-ARRIVALS = "arrival_rate_per_s"
-"""Requests arriving: the requests rate forecast is this where fresh, and the output tokens served
-are scaled from the requests completed to it (:func:`controller.core.capacity.offered_tokens`)."""
+"""The observed signal each forecast rate reads, as served; sized as the load offered
+(:meth:`PolicyContext.offered`)."""
 
 Sample3 = tuple[float, float | None, float | None]
 """(t_s, requests_per_s, output_tokens_per_s); a rate is ``None`` when it was missing."""
@@ -463,13 +459,9 @@ class Forecast(PolicyKind):
         # the load offered, not what was served: the completions run ahead of the arrivals while
         # a backlog drains (a peak that was never load, which the burst memory would keep for
         # its window) and behind them while the replicas saturate
-        arrivals = ctx.fresh(ARRIVALS)
-        if arrivals is not None:
-            done = ctx.fresh(SIGNAL_OF["requests"])
-            if values.get("requests") is not None:
-                values["requests"] = arrivals
-            if values.get("output_tokens") is not None:
-                values["output_tokens"] = offered_tokens(values["output_tokens"], done, arrivals)
+        for sub, v in values.items():
+            if v is not None:
+                values[sub] = ctx.offered(SIGNAL_OF[sub], v)
         if stamp is not None and (not samples or stamp > samples[-1][0]):
             new = (stamp, values.get("requests"), values.get("output_tokens"))
             samples.append(new)
