@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
+from controller.core.capacity import offered_tokens
 from controller.core.model import ModelSignals, ModelSpec, Recommendation, ReplicaCapacity, Sample, fast_init
 from controller.core.reasons import Reason
 from controller.errors import UnknownPolicyKind  # re-exported: raised here
@@ -83,6 +84,26 @@ class PolicyContext:
             return Reason.METRIC_MISSING.value, f"{name} is missing ({why})"
         age = sample.age_s(self.now)
         return Reason.METRIC_STALE.value, f"{name} is {age:.0f}s old (max {self.max_signal_age_s:.0f}s)"
+
+    def offered(self, name: str, value: float) -> float:
+        """``value``, read from the served-rate signal ``name``, as the load offered: for the request
+        rate (completions) the arrival rate, for the output token rate the tokens those arrivals
+        bring (:func:`controller.core.capacity.offered_tokens`); ``value`` itself for another signal
+        or without a fresh arrival rate. While a backlog drains the served rates run ahead of the
+        load, and while the replicas saturate they fall behind it."""
+        if name not in OFFERED:
+            return value
+        arrivals = self.fresh(ARRIVALS)
+        if arrivals is None:
+            return value
+        if name == COMPLETIONS:
+            return arrivals
+        return offered_tokens(value, self.fresh(COMPLETIONS), arrivals) or 0.0
+
+
+COMPLETIONS, ARRIVALS = "request_rate_per_s", "arrival_rate_per_s"
+OFFERED = frozenset({COMPLETIONS, "output_tokens_per_s"})
+"""The served-rate signals :meth:`PolicyContext.offered` turns into the load offered."""
 
 
 class PolicyKind:

@@ -62,7 +62,8 @@ PEAK_BUCKET_MIN_S = 15.0
 """Older samples fold into buckets of ``max(15 s, history / 240)`` (see :func:`fold_peaks`)."""
 
 SIGNAL_OF = {"requests": "request_rate_per_s", "output_tokens": "output_tokens_per_s"}
-"""The observed signal each forecast rate reads."""
+"""The observed signal each forecast rate reads, as served; sized as the load offered
+(:meth:`PolicyContext.offered`)."""
 
 Sample3 = tuple[float, float | None, float | None]
 """(t_s, requests_per_s, output_tokens_per_s); a rate is ``None`` when it was missing."""
@@ -455,6 +456,12 @@ class Forecast(PolicyKind):
             else:
                 at = sample.at.timestamp()  # type: ignore[union-attr]  # a fresh sample has a time
                 stamp = at if stamp is None or at > stamp else stamp
+        # the load offered, not what was served: the completions run ahead of the arrivals while
+        # a backlog drains (a peak that was never load, which the burst memory would keep for
+        # its window) and behind them while the replicas saturate
+        for sub, v in values.items():
+            if v is not None:
+                values[sub] = ctx.offered(SIGNAL_OF[sub], v)
         if stamp is not None and (not samples or stamp > samples[-1][0]):
             new = (stamp, values.get("requests"), values.get("output_tokens"))
             samples.append(new)

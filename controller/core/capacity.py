@@ -125,6 +125,16 @@ class Learned:
                 f"profile {self.prior.output_tokens_per_s:.3g} tok/s, {self.prior.requests_per_s:.3g} req/s")
 
 
+def offered_tokens(out: float | None, done: float | None, arrivals: float | None) -> float | None:
+    """Output tokens per second the arriving requests bring: ``out`` (served) per request completed
+    (``done``) times the ``arrivals``; ``out`` itself when either rate is unknown or nothing
+    completed. While a backlog drains the tokens served run ahead of the load (on the steady
+    adversarial hour, twice it), and while the replicas saturate they fall behind it."""
+    if out is None or arrivals is None or done is None or done <= 0:
+        return out
+    return out * arrivals / done
+
+
 def mix_of(req: float | None, out: float | None, inp: float | None) -> Mix | None:
     """Mean prompt and output tokens per request from fresh request, output token and input token
     rates; ``None`` without traffic."""
@@ -412,7 +422,7 @@ def learned_scale(state: Mapping[str, Any], gpu: str, cfg: CapacityLearning) -> 
 
 def load_units_by_gpu(state: Mapping[str, Any], cfg: CapacityLearning, ready: Mapping[str, int],
                       priors: Mapping[str, ReplicaCapacity], requests_per_s: float | None,
-                      output_tokens_per_s: float | None
+                      output_tokens_per_s: float | None, served_tokens_per_s: float | None = None,
                       ) -> tuple[dict[str, float | None], dict[str, float | None] | None]:
     """(load, served) per GPU type with ready replicas, for :func:`learn_by_gpu`. The load: the
     fleet's load over what its ready replicas sustain by the current estimates (the larger of
@@ -420,20 +430,26 @@ def load_units_by_gpu(state: Mapping[str, Any], cfg: CapacityLearning, ready: Ma
     signals are the model's, summed over its pools, so one observation cannot tell which GPU type
     is the slow one: it moves every GPU type present by the same factor and keeps the differences
     learned while each served alone. On one GPU type it is the load per ready replica in units of
-    its prior. The served load is the same for the output tokens alone (``None`` without an output
-    token rate): what replicas under pressure sustain at most (``served_units``). Both from one
+    its prior. The rates are those offered (arrivals); the served load is the same for the output
+    tokens served alone (``served_tokens_per_s``, by default ``output_tokens_per_s``; ``None``
+    without one): what replicas under pressure sustain at most (``served_units``). Both from one
     reading of the scales."""
     n = sum(ready.values())
     scales = {g: learned_scale(state, g, cfg) for g in ready}
     rel: float | None = None
     if requests_per_s is not None:
         rel = _larger(rel, requests_per_s, sum([k * scales[g] * priors[g].requests_per_s for g, k in ready.items()]))
-    if output_tokens_per_s is None:
-        return {g: None if rel is None else rel * scales[g] * n for g in ready}, None
+    done = output_tokens_per_s if served_tokens_per_s is None else served_tokens_per_s
+    if output_tokens_per_s is None or done is None:
+        return _spread(rel, scales, n), None
     out_cap = sum([k * scales[g] * priors[g].output_tokens_per_s for g, k in ready.items()])
-    rel, served = _larger(rel, output_tokens_per_s, out_cap), _larger(None, output_tokens_per_s, out_cap)
-    return ({g: None if rel is None else rel * scales[g] * n for g in ready},
-            {g: None if served is None else served * scales[g] * n for g in ready})
+    return _spread(_larger(rel, output_tokens_per_s, out_cap), scales, n), _spread(_larger(None, done, out_cap), scales, n)
+
+
+def _spread(rel: float | None, scales: Mapping[str, float], n: int) -> dict[str, float | None]:
+    """The fleet's relative load ``rel`` per GPU type, in proportion to its scale, over ``n`` ready
+    replicas."""
+    return {g: None if rel is None else rel * s * n for g, s in scales.items()}
 
 
 def _larger(rel: float | None, load: float, cap: float) -> float | None:

@@ -14,9 +14,9 @@ pipeline's ``lead-time`` stage applies it and placement keeps within it
   bursts, with the burst's own age as the prior: a burst ``a`` seconds old is taken to last
   another ``a``, so with no history and ``min_survival`` at its default 0.3 nothing is ordered
   before a burst is 3/7 of a lead time old), or
-  the arrivals (the request rate plus the queue's growth) have risen steadily over the last lead
-  time and the rules' trend expects the need beyond on-prem (:func:`rising`: a step or a spike is
-  not a trend). Cloud is also ordered, whatever the burst's age, when the SLO is missed now (the
+  the arrivals (``arrival_rate_per_s``: the completions plus the requests piling up) have risen
+  steadily over the last lead time and the rules' trend expects the need beyond on-prem
+  (:func:`rising`: a step or a spike is not a trend). Cloud is also ordered, whatever the burst's age, when the SLO is missed now (the
   pipeline's pressure, ``Need.pressure``, at or above 1) while the present need exceeds on-prem:
   the miss is certain, the burst's end is not (:func:`_why_missing`); and ahead of a burst expected
   from the past gaps between bursts, from one lead time plus the cloud window before it until its
@@ -44,7 +44,7 @@ memory); a reactive rule's ``replicas`` is both.
 The state is plain JSON in the history's rule state under :data:`STATE_KEY`: the start of the
 current burst and when the need last exceeded on-prem, the durations of past bursts and the gaps
 between them, the recent need beyond on-prem (the scale-down window's memory), the arrival samples
-of the last lead time and the queue at the last one, and when cloud was last ordered for a miss.
+of the last lead time, and when cloud was last ordered for a miss.
 Nothing here reads the clock.
 """
 
@@ -169,10 +169,10 @@ class Need:
     trend: int
     """The need the rules' trend expects one lead time ahead (no memory)."""
     load: float | None
-    """The request rate, requests/s, for :func:`rising`; ``None`` when unknown."""
-    queue: float | None
-    """The requests waiting: their growth is arrival the rate does not show while the replicas are
-    saturated."""
+    """The arrivals, requests/s (``arrival_rate_per_s``, or the completions where it is missing),
+    for :func:`rising`; ``None`` when unknown. Requests as they are, not in replicas of a
+    capacity: the capacity for the observed token mix moves with the load while the replicas
+    saturate, and would hide the rise."""
     missing: bool
     """A rule had no opinion for lack of data and the policy holds on missing data."""
     pressure: float | None = None
@@ -219,17 +219,13 @@ class _Bursts:
     gaps: tuple[float, ...]
     recent: list[tuple[float, float]]
     loads: list[tuple[float, float]]
-    queue: tuple[float, float] | None
-    """(time, requests waiting) at the last load sample."""
     missed: float | None = None
     """When cloud was last ordered for an SLO miss (:func:`_why_missing`)."""
 
     @classmethod
     def read(cls, state: Mapping[str, Any]) -> "_Bursts":
-        queue = _pairs((state["queue"],)) if state.get("queue") is not None else []
         return cls(_opt(state.get("since")), _opt(state.get("last_over")), _floats(state.get("bursts")), _floats(state.get("gaps")),
-                   _pairs(state.get("recent")), _pairs(state.get("loads")), queue[0] if queue else None,
-                   _opt(state.get("missed")))
+                   _pairs(state.get("recent")), _pairs(state.get("loads")), _opt(state.get("missed")))
 
     def hold_s(self, window_s: float, lead_s: float) -> float:
         """How long cloud replicas outlive the need for them: ``window_s``, or when past bursts
@@ -260,22 +256,11 @@ class _Bursts:
             self.durations = (self.durations + (self.last_over - self.since,))[-keep:] if keep else ()
             self.since = None
 
-    def arrivals(self, now_s: float, load: float | None, queue: float | None) -> float | None:
-        """The arrivals now: the rate taken in plus the queue's growth since the last sample
-        (while the replicas are saturated the rate is flat and the queue grows by the rest)."""
-        if load is None:
-            return None
-        if queue is None or self.queue is None or now_s <= self.queue[0]:
-            return load
-        return max(0.0, load + (queue - self.queue[1]) / (now_s - self.queue[0]))
-
-    def remember(self, now_s: float, beyond: int, window_s: float, arrivals: float | None, queue: float | None,
-                 lead_s: float) -> int:
+    def remember(self, now_s: float, beyond: int, window_s: float, arrivals: float | None, lead_s: float) -> int:
         """Record the need beyond on-prem and the arrivals; the most beyond on-prem in the window."""
         self.recent = [(t, v) for t, v in self.recent if now_s - t < window_s] + [(now_s, float(beyond))]
         if arrivals is not None and (not self.loads or now_s - self.loads[-1][0] >= LOAD_SAMPLE_S):
             self.loads.append((now_s, arrivals))
-            self.queue = None if queue is None else (now_s, queue)
         # the oldest sample at least lead_s old stays: rising() needs one there
         k = bisect_left([t for t, _ in self.loads], now_s - lead_s)
         self.loads = self.loads[max(0, k - 1):]
@@ -283,7 +268,7 @@ class _Bursts:
 
     def state(self) -> dict[str, Any]:
         return {"since": self.since, "last_over": self.last_over, "bursts": self.durations, "gaps": self.gaps,
-                "recent": tuple(self.recent), "loads": tuple(self.loads), "queue": self.queue, "missed": self.missed}
+                "recent": tuple(self.recent), "loads": tuple(self.loads), "missed": self.missed}
 
 
 def off(state: Mapping[str, Any]) -> CloudCap:
@@ -333,10 +318,10 @@ def cloud_cap(state: Mapping[str, Any], need: Need, *, now_s: float, onprem: int
 def _expected(b: _Bursts, need: Need, now_s: float, onprem: int, window: float, lead_s: float) -> tuple[bool, int]:
     """(whether the arrivals rise steadily over the lead time, the cloud replicas the expected need
     beyond on-prem asked for within the window): the present need, or the trend's when steady."""
-    arrivals = b.arrivals(now_s, need.load, need.queue)
+    arrivals = need.load
     steady = rising(b.loads + ([(now_s, arrivals)] if arrivals is not None else []), now_s, lead_s)
     expected = max(need.present, need.trend) if steady else need.present
-    return steady, b.remember(now_s, max(0, min(expected, need.total) - onprem), window, arrivals, need.queue, lead_s)
+    return steady, b.remember(now_s, max(0, min(expected, need.total) - onprem), window, arrivals, lead_s)
 
 
 def _held(b: _Bursts, need: Need, keep: int, missed_now: bool, now_s: float, cloud: int, cloud_ready: int,

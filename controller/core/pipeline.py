@@ -167,27 +167,32 @@ class _Fresh(NamedTuple):
     once per decision (capacity, pressure, lead time and budget share them)."""
 
     request_rate: float | None
+    """Requests completed per second (``request_rate_per_s``)."""
     output_tokens: float | None
     input_tokens: float | None
     queue: float | None
     latency: float | None
     ttft: float | None
+    arrivals: float | None
+    """Requests arriving per second (``arrival_rate_per_s``: completions plus the growth of the
+    requests in the system), or the completions where that signal is missing: the load offered,
+    which the learned capacity, the pressure's wait and lead-time economics read. The completions
+    exceed it while a backlog drains and fall short of it while the replicas saturate."""
 
     @classmethod
     def of(cls, signals: ModelSignals, now: datetime, max_age_s: float) -> "_Fresh":
         s = signals
-        return cls(s.request_rate_per_s.fresh(now, max_age_s), s.output_tokens_per_s.fresh(now, max_age_s),
+        done = s.request_rate_per_s.fresh(now, max_age_s)
+        arrivals = s.arrival_rate_per_s.fresh(now, max_age_s)
+        return cls(done, s.output_tokens_per_s.fresh(now, max_age_s),
                    s.input_tokens_per_s.fresh(now, max_age_s), s.queue_depth.fresh(now, max_age_s),
-                   s.p99_latency_ms.fresh(now, max_age_s), s.p99_ttft_ms.fresh(now, max_age_s))
+                   s.p99_latency_ms.fresh(now, max_age_s), s.p99_ttft_ms.fresh(now, max_age_s),
+                   done if arrivals is None else arrivals)
 
-
-def _arrivals(fresh: _Fresh) -> tuple[float | None, float | None]:
-    """(request rate, requests waiting): lead-time economics watches the arrivals for a steady
-    rise, and the rate the replicas take in stops rising when they saturate while the queue grows.
-    Requests as they are, not in replicas of a capacity: the capacity for the observed token mix
-    moves with the load while the replicas saturate (the served token rate is flat, so the
-    observed tokens per request fall), and would hide the rise."""
-    return fresh.request_rate, fresh.queue
+    @property
+    def offered_tokens(self) -> float | None:
+        """Output tokens per second the arrivals bring (``capacity.offered_tokens``)."""
+        return learned_capacity.offered_tokens(self.output_tokens, self.request_rate, self.arrivals)
 
 
 def _capacity(
@@ -221,8 +226,10 @@ def _capacity(
         now_s=now_s, load_units=None, ready=ready or 0,
         settled=ready is not None and ready >= total > 0, slack=int(spec.behavior.tolerance * (ready or 0)),
         pressure=pressure)
-    units, served = learned_capacity.load_units_by_gpu(state, c, ready_gpus, priors, fresh.request_rate,
-                                                       fresh.output_tokens)
+    # offered, not served: a backlog that drains is no measure of the load, a saturated fleet's
+    # completions no measure of what it was offered; the served tokens bound it under pressure
+    units, served = learned_capacity.load_units_by_gpu(state, c, ready_gpus, priors, fresh.arrivals,
+                                                       fresh.offered_tokens, fresh.output_tokens)
     scales, evidence, new_state = learned_capacity.learn_by_gpu(state, obs, units, c, policy.planned_fraction, served)
     caps = {g: learned_capacity.for_mix(model.capacity[g], mix, scales.get(g, 1.0)) for g in weights}
     cap = learned_capacity.weighted(caps, weights)
@@ -240,11 +247,11 @@ def _capacity(
 
 def _pressure(fresh: _Fresh, spec: PolicySpec, ready: int | None) -> float | None:
     """How close the ready replicas are to the SLO (1 = at it): p99 TTFT over its target where
-    measured, else the mean wait (Little's law: queue / request rate) over ``wait_fraction`` of the
+    measured, else the mean wait (Little's law: queue / arrival rate) over ``wait_fraction`` of the
     TTFT target; and the queue per replica and p99 latency over theirs. The largest counts. A p99
     TTFT over a window while no request waits is the window's memory of a backlog already served
     (after a cold start into a queue it stays high for the window): it counts only with a queue."""
-    queue, rate, latency = fresh.queue, fresh.request_rate, fresh.latency
+    queue, rate, latency = fresh.queue, fresh.arrivals, fresh.latency
     ttft = None if queue == 0 else fresh.ttft
     slo = spec.slo
     ratios = []
@@ -507,7 +514,7 @@ def _overrides(prev: _Step, effect: OverrideEffect, previous: Mapping[str, int],
     return fixed, drained, _Step(value, reason, Stage("overrides", value, reason, effect.describe()))
 
 
-def _need(op: _Opinions, total: int, load: tuple[float | None, float | None], missing: bool,
+def _need(op: _Opinions, total: int, arrivals: float | None, missing: bool,
           pressure: float | None) -> leadtime.Need:
     """What the rules say the load needs now and one lead time ahead, without memory of past
     peaks (``Recommendation.present_replicas``, ``trend_replicas``), at most ``total``."""
@@ -518,8 +525,8 @@ def _need(op: _Opinions, total: int, load: tuple[float | None, float | None], mi
         now = rec.replicas if rec.present_replicas is None else rec.present_replicas
         present = max(present, now)
         trend = max(trend, now if rec.trend_replicas is None else rec.trend_replicas)
-    return leadtime.Need(total=total, present=min(present, total), trend=min(trend, total), load=load[0],
-                         queue=load[1], missing=missing, pressure=pressure)
+    return leadtime.Need(total=total, present=min(present, total), trend=min(trend, total), load=arrivals,
+                         missing=missing, pressure=pressure)
 
 
 def _cloud_views(model: ModelSpec, pools: Mapping[str, PoolSpec], states: Mapping[str, PoolState], spec: PolicySpec,
@@ -532,7 +539,7 @@ def _cloud_views(model: ModelSpec, pools: Mapping[str, PoolSpec], states: Mappin
 
 def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str, PoolSpec], signals: ModelSignals,
                spec: PolicySpec, history: History, fixed: Mapping[str, int], drained: frozenset[str],
-               load: tuple[float | None, float | None], pressure: float | None, lo: int, pinned_total: bool,
+               arrivals: float | None, pressure: float | None, lo: int, pinned_total: bool,
                now: datetime) -> tuple[int | None, _Step]:
     """Stage 9: (the cloud ceiling for placement, the step): the total less what the cloud may
     not hold (``controller.core.leadtime``), never below the min ``lo`` (bounds and floors beat
@@ -550,7 +557,7 @@ def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str,
         return None, _Step(value, prev.reason, Stage("lead-time", value, prev.reason, cap.message))
     missing = bool(op.missing or signals.degraded) and spec.missing_data.on_missing is OnMissing.HOLD
     onprem, cloud, ready, lead_s = _cloud_views(model, pools, signals.pools, spec, drained)
-    cap = leadtime.cloud_cap(old_state, _need(op, value, load, missing, pressure), now_s=now.timestamp(),
+    cap = leadtime.cloud_cap(old_state, _need(op, value, arrivals, missing, pressure), now_s=now.timestamp(),
                              onprem=onprem, cloud=cloud, cloud_ready=ready, lead_s=lead_s, rules=rules)
     op.rule_state[leadtime.STATE_KEY] = cap.state
     max_cloud = cap.max_cloud if cap.max_cloud is None else max(cap.max_cloud, lo - onprem)
@@ -694,7 +701,7 @@ def decide(
     lo, bounded = _bounds(limited, effect, op.floor, spec.bounds)
     fixed, drained, overridden = _overrides(bounded, effect, previous, spec.bounds.max_replicas)
     max_cloud, timed = _lead_time(overridden, op, model, pools, signals, spec, history, fixed, drained,
-                                  _arrivals(fresh), pressure, lo, effect.pin_total is not None, now)
+                                  fresh.arrivals, pressure, lo, effect.pin_total is not None, now)
     fill = partial(place, model=model, pools=pools, states=states, placement=spec.placement, drained=drained,
                    pinned=fixed, max_total=effect.bounds_for(spec.bounds.min_replicas, spec.bounds.max_replicas)[1],
                    max_cloud=max_cloud)

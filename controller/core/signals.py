@@ -186,6 +186,23 @@ SIGNALS: tuple[Signal, ...] = (
         imported_from=r"request_success|requests?_per_s|request_rate|http_requests",
     ),
     Signal(
+        "arrival_rate_per_s", "requests/s", Combine.SUM,
+        "Requests arriving per second: the successful requests plus the growth of the requests in"
+        " the system (waiting or in flight) over the same window (the load offered: above"
+        " request_rate_per_s while a queue builds, below it while one drains).",
+        _HOLD + " Sizing for the load (the learned capacity, the forecast kind) then reads"
+        " request_rate_per_s instead.",
+        Reason.THROUGHPUT_ABOVE_CAPACITY,
+        promql="(sum by (${model}, ${pool}) (rate(nv_inference_request_success[${window}]))"
+               " + on (${model}, ${pool}) "
+               'sum by (${model}, ${pool}) (deriv(nv_trt_llm_request_metrics{request_type=~"waiting|active"}[${window}])))'
+               " or on (${model}, ${pool}) "
+               "sum by (${model}, ${pool}) (rate(nv_inference_request_success[${window}]))",
+        promql_help="Successful requests per second plus the per-second slope (deriv) of the TensorRT-LLM"
+                    " requests waiting and active over the rate window; without those series, the successful"
+                    " requests alone.",
+    ),
+    Signal(
         "output_tokens_per_s", "tokens/s", Combine.SUM,
         "Output (generated) tokens per second.",
         _HOLD + " The budget's cost-per-token cap is then not applied.",

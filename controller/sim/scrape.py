@@ -26,11 +26,6 @@ class Scraping(Serving):
     def _do_scrape(self) -> None:
         now = self.now
         win = self.opt.rate_window_s
-        # the rates' denominator: the window, or in the world's first window the time it has
-        # run, as for the token rates below (their counters start with the world). A request rate
-        # over the whole window beside token rates over the time run made the tokens per request
-        # (the learned capacity's mix) 4 x too high 15 s in, and made every start look like a ramp.
-        covered = min(win, now) if now > 0 else win
         s: dict[str, float | None] = {}
         # gauges
         if self.mode == "requests":
@@ -58,8 +53,6 @@ class Scraping(Serving):
             self.scrape_busy = new_busy
             s["gpu_utilization_pct"] = 100.0 * busy / n if n else None
             s["kv_cache_utilization_pct"] = 100.0 * kv / n if n else None
-            lo = bisect_left(self.arrivals, now - win, 0, self.next_req)
-            s["request_rate_per_s"] = (self.next_req - lo) / covered
             e2e = self.recent_e2e
             while e2e and e2e[0][0] < now - win:
                 e2e.popleft()
@@ -78,10 +71,6 @@ class Scraping(Serving):
             self.scrape_pending = float(self.fluid_queue + self.fluid_in_flight)
             s["gpu_utilization_pct"] = None if math.isnan(self.fluid_util) else self.fluid_util
             s["kv_cache_utilization_pct"] = None if math.isnan(self.fluid_kv) else self.fluid_kv
-            log = self.fluid_arrivals_log
-            while log and log[0][0] < now - win:
-                self.fluid_log_sum -= log.popleft()[1]
-            s["request_rate_per_s"] = self.fluid_log_sum / covered
             p99s = self.fluid_p99
             while p99s and p99s[0][0] < now - win:
                 p99s.popleft()
@@ -90,16 +79,30 @@ class Scraping(Serving):
             s["p99_ttft_ms"] = hist_quantile(h_ttft, 0.99) * 1000.0 if h_ttft.sum() > 0 else None
             self.scrape_hist_ttft = ZERO_HIST
             self.scrape_w = {}
-        # counters -> rates over the window
-        self.token_log.append((now, self.cum_out_tokens, self.cum_in_tokens))
-        while len(self.token_log) > 1 and self.token_log[0][0] < now - win - 1e-9:
-            self.token_log.popleft()
-        t0, out0, in0 = self.token_log[0]
+        # counters -> rates over the window, as Prometheus's rate() reads Triton's counters: the
+        # requests that completed (nv_inference_request_success) and the tokens they carried, so
+        # all three rise while a backlog drains and stop rising while the replicas saturate (the
+        # queue shows the overload). They share one log, so tokens per request are those of the
+        # same requests; in the world's first window they divide by the time it has run (their
+        # counters start with the world). The request rate used to count arrivals, the tokens
+        # completions: while a backlog drained, tokens per request read twice the trace's.
+        done = float(self.completed) if self.mode == "requests" else self.fluid_served
+        queued = self.scrape_pending or 0.0  # waiting or in flight: in the system
+        log = self.token_log
+        log.append((now, done, self.cum_out_tokens, self.cum_in_tokens, queued))
+        while len(log) > 1 and log[0][0] < now - win - 1e-9:
+            log.popleft()
+        t0, done0, out0, in0, queued0 = log[0]
         span = now - t0
         if span > 0:
+            s["request_rate_per_s"] = served = (done - done0) / span
+            # what arrived: served plus what the requests in the system (waiting or in flight)
+            # grew by over the same window (the signal's PromQL takes their least-squares slope)
+            s["arrival_rate_per_s"] = max(0.0, served + (queued - queued0) / span)
             s["output_tokens_per_s"] = (self.cum_out_tokens - out0) / span
             s["input_tokens_per_s"] = (self.cum_in_tokens - in0) / span
         else:
+            s["request_rate_per_s"] = s["arrival_rate_per_s"] = None
             s["output_tokens_per_s"] = s["input_tokens_per_s"] = None
         self.scrape_at = now
         at = self._dt(now)

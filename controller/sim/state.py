@@ -149,7 +149,9 @@ class SimState:
         # metrics scrape state
         self.scrape_at = -INF
         self.scrape_busy: dict[int, float] = {}
-        self.token_log: deque[tuple[float, float, float]] = deque()
+        self.token_log: deque[tuple[float, float, float, float, float]] = deque()
+        """(scrape time, requests completed, output tokens, prompt tokens, requests waiting or in
+        flight) at each scrape of the last rate window: what the rate signals read."""
         # timeline
         self.record_s = max(self.opt.scrape_interval_s, self._nice_interval(self.end_s / max(self.opt.record_points, 1)))
         self.tl: dict[str, list[Any]] = {}

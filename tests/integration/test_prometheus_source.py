@@ -108,6 +108,7 @@ def test_every_signal_per_model_and_pool_from_real_exporter_text(metrics_lab: Me
     util = [sum(LAB_GPU_UTIL_PCT["onprem"]) / 2, LAB_GPU_UTIL_PCT["aws-spot"][0]]
     assert s.gpu_utilization_pct.value == pytest.approx(sum(util) / 2)  # mean of the pools' means
     assert s.request_rate_per_s.value == pytest.approx(16.0, rel=0.05)
+    assert s.arrival_rate_per_s.value == pytest.approx(16.0, rel=0.05)  # the queues hold steady
     assert s.output_tokens_per_s.value == pytest.approx(10 * 200 + 6 * 100, rel=0.05)
     # input tokens only on onprem: the spot histogram never observed anything (sum stays 0)
     assert s.input_tokens_per_s.value == pytest.approx(10 * 800, rel=0.05)
@@ -139,6 +140,30 @@ class CountingSession(requests.Session):
         self.queries.append((kwargs.get("params") or {}).get("query", ""))
         return super().request(method, url, *args, **kwargs)
 
+
+
+def test_arrivals_are_the_successes_plus_the_growth_of_the_requests_in_the_system(metrics_lab: MetricsLab) -> None:
+    """Triton counts a request when it succeeds: while requests pile up (waiting, or active in the
+    in-flight batcher) the arrival rate reads the successes plus that growth per second, and the
+    request rate the successes alone."""
+    lab = metrics_lab.triton["onprem"]
+    m = "llama-arrivals"
+    a = lab.set_model(m)
+    t = lab.set_trtllm(m, waiting=0.0, active=0.0)
+    lab.add_load(Ramp(a, "success", 4.0))
+    lab.add_load(Ramp(t, "waiting", 2.0))
+    lab.add_load(Ramp(t, "active", 1.0))
+
+    def settled(o: Observation) -> bool:
+        s = o.models[m]
+        done, arrived = s.request_rate_per_s.value, s.arrival_rate_per_s.value
+        return done is not None and arrived is not None and abs(done - 4.0) <= 0.2 and abs(arrived - 7.0) <= 0.35
+
+    with PrometheusMetricsSource(metrics_lab.prometheus.url, FAST) as src:
+        obs = poll(lambda: src.observe_detailed([spec(m, ("onprem",))], now()), settled)
+    s = obs.models[m]
+    assert s.request_rate_per_s.value == pytest.approx(4.0, rel=0.05)
+    assert s.arrival_rate_per_s.value == pytest.approx(7.0, rel=0.05)
 
 def test_one_query_per_signal_kind_whatever_the_number_of_models(metrics_lab: MetricsLab) -> None:
     names = [f"count-{i}" for i in range(6)]

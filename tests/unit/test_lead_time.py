@@ -269,7 +269,7 @@ def test_a_burst_expected_from_past_gaps_keeps_the_cloud_its_memory_asks_for() -
     # (without a known gap they would go)
     rules = policy().spec.lead_time
     now = 10_000.0
-    need = leadtime.Need(total=12, present=2, trend=2, load=2.0, queue=0.0, missing=False)
+    need = leadtime.Need(total=12, present=2, trend=2, load=2.0, missing=False)
     seen = {"last_over": now - 120.0, "bursts": (600.0, 600.0), "gaps": (600.0, 600.0)}
     kept = leadtime.cloud_cap(seen, need, now_s=now, onprem=8, cloud=4, cloud_ready=4, lead_s=LEAD_S, rules=rules)
     assert kept.max_cloud == 4 and "a burst is expected in 480s" in kept.message

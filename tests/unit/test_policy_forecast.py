@@ -89,6 +89,35 @@ def test_output_tokens_can_decide() -> None:
     assert only_req.replicas == 1
 
 
+def _drain(kind: Forecast, arrivals: bool) -> Recommendation:
+    """Ten minutes at 4 req/s and 200 tok/s (50 tokens a request), during which one minute of
+    a backlog draining completes twice that while the arrivals stay at 4 req/s; the arrival rate
+    given or not."""
+    state: Any = {}
+    rec: Recommendation | None = None
+    for i in range(40):
+        now = T0 + timedelta(seconds=i * 15.0)
+        done = 8.0 if 10 <= i < 14 else 4.0
+        samples = {"request_rate_per_s": Sample(done, now), "output_tokens_per_s": Sample(50.0 * done, now)}
+        if arrivals:
+            samples["arrival_rate_per_s"] = Sample(4.0, now)
+        sig = ModelSignals(model="m", at=now, samples=samples)
+        rec = kind.recommend(PolicyContext(model=MODEL, signals=sig, now=now, current_replicas=4, ready_replicas=4,
+                                           capacity=CAP, max_signal_age_s=60, state=state))
+        state = rec.state
+    assert rec is not None
+    return rec
+
+
+def test_a_draining_backlog_is_no_burst_to_remember() -> None:
+    """A backlog draining completes more than arrives; the burst memory keeps the arrivals (and
+    the tokens they bring: tokens per completed request times the arrivals), not what drained."""
+    kept = _drain(build(), arrivals=True)
+    assert kept.replicas == math.ceil(4.0 / 1.6), kept.message  # 4 req/s, 200 tok/s: 3 replicas
+    # without the arrival rate (a backend without the queue series) the completions are all it has
+    assert _drain(build(), arrivals=False).replicas == math.ceil(8.0 / 1.6)
+
+
 def test_state_is_keyed_by_observation_time_not_ticks() -> None:
     kind = build()
     a = kind.recommend(ctx(T0, 4.0))

@@ -199,15 +199,17 @@ def test_percentile_is_numpys_bit_for_bit(values: list[float], q: float) -> None
 def test_the_first_window_reads_the_rates_a_full_one_does(mode: str) -> None:
     """Before the world has run a whole rate window, the request rate and the token rates are
     over the same time run, as Prometheus's are over one range: a constant load reads the same
-    request rate and tokens per request 15 s in as once the window is full. (The request rate
-    once divided by the whole window: 15 s in it read a quarter of the load, the tokens per
-    request four times the trace's, and every run's start looked like a steep ramp.)"""
+    request rate and tokens per request from the second scrape (30 s) as once the window is full.
+    (The request rate once divided by the whole window: 15 s in it read a quarter of the load, the
+    tokens per request four times the trace's, and every run's start looked like a steep ramp.
+    Counted as Triton counts them, at completion, the first scrape also misses the requests still
+    in their first seconds: 9.9 against 14.4 requests/s here.)"""
     work = F.rate_series([F.rate_at_slo() * 3.0] * 10)
     res = simulate(F.setup(work, mode=mode, seed=5), TidegateController(F.policy(min_replicas=4)))
     tl = res.timeline
     rows = [(t, r, i) for t, r, i in zip(tl["t_s"], tl["request_rate_per_s"], tl["input_tokens_per_s"])
             if r and i]
-    early = [(r, i / r) for t, r, i in rows if 10.0 <= t <= 30.0]
+    early = [(r, i / r) for t, r, i in rows if 25.0 <= t <= 45.0]
     full = [(r, i / r) for t, r, i in rows if 120.0 <= t <= 540.0]
     assert early and full
     rate, per_request = (float(np.median([x[k] for x in full])) for k in (0, 1))
