@@ -80,12 +80,13 @@ class Scraping(Serving):
             self.scrape_hist_ttft = ZERO_HIST
             self.scrape_w = {}
         # counters -> rates over the window, as Prometheus's rate() reads Triton's counters: the
-        # requests that completed (nv_inference_request_success) and the tokens they carried, so
-        # all three rise while a backlog drains and stop rising while the replicas saturate (the
-        # queue shows the overload). They share one log, so tokens per request are those of the
-        # same requests; in the world's first window they divide by the time it has run (their
-        # counters start with the world). The request rate used to count arrivals, the tokens
-        # completions: while a backlog drained, tokens per request read twice the trace's.
+        # requests that completed (nv_inference_request_success) and the output tokens they
+        # carried, so both rise while a backlog drains and stop rising while the replicas saturate
+        # (the queue shows the overload); prompt tokens count at admission. One log for all, so
+        # output tokens per request are those of the same requests; in the world's first window
+        # they divide by the time it has run (their counters start with the world). The request
+        # rate used to count arrivals: while a backlog drained, output tokens per request read
+        # nearly twice the trace's.
         done = float(self.completed) if self.mode == "requests" else self.fluid_served
         queued = self.scrape_pending or 0.0  # waiting or in flight: in the system
         log = self.token_log
