@@ -47,6 +47,11 @@ class SLOTargets:
     ttft_p99_ms: float | None = None
 
 
+COMPLETIONS, ARRIVALS = "request_rate_per_s", "arrival_rate_per_s"
+OFFERED = frozenset({COMPLETIONS, "output_tokens_per_s"})
+"""The served-rate signals :meth:`PolicyContext.offered` turns into the load offered."""
+
+
 @fast_init
 @dataclass(frozen=True, slots=True)
 class PolicyContext:
@@ -98,12 +103,8 @@ class PolicyContext:
             return value
         if name == COMPLETIONS:
             return arrivals
-        return offered_tokens(value, self.fresh(COMPLETIONS), arrivals) or 0.0
-
-
-COMPLETIONS, ARRIVALS = "request_rate_per_s", "arrival_rate_per_s"
-OFFERED = frozenset({COMPLETIONS, "output_tokens_per_s"})
-"""The served-rate signals :meth:`PolicyContext.offered` turns into the load offered."""
+        tokens = offered_tokens(value, self.fresh(COMPLETIONS), arrivals)
+        return value if tokens is None else tokens
 
 
 class PolicyKind:

@@ -129,7 +129,7 @@ def offered_tokens(out: float | None, done: float | None, arrivals: float | None
     """Output tokens per second the arriving requests bring: ``out`` (served) per request completed
     (``done``) times the ``arrivals``; ``out`` itself when either rate is unknown or nothing
     completed. While a backlog drains the tokens served run ahead of the load (on the steady
-    adversarial hour, twice it), and while the replicas saturate they fall behind it."""
+    adversarial hour, nearly twice it), and while the replicas saturate they fall behind it."""
     if out is None or arrivals is None or done is None or done <= 0:
         return out
     return out * arrivals / done

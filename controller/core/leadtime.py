@@ -16,8 +16,9 @@ pipeline's ``lead-time`` stage applies it and placement keeps within it
   before a burst is 3/7 of a lead time old), or
   the arrivals (``arrival_rate_per_s``: the completions plus the requests piling up) have risen
   steadily over the last lead time and the rules' trend expects the need beyond on-prem
-  (:func:`rising`: a step or a spike is not a trend). Cloud is also ordered, whatever the burst's age, when the SLO is missed now (the
-  pipeline's pressure, ``Need.pressure``, at or above 1) while the present need exceeds on-prem:
+  (:func:`rising`: a step or a spike is not a trend). Cloud is also ordered, whatever the
+  burst's age, when the SLO is missed now (the pipeline's pressure, ``Need.pressure``, at or
+  above 1) while the present need exceeds on-prem:
   the miss is certain, the burst's end is not (:func:`_why_missing`); and ahead of a burst expected
   from the past gaps between bursts, from one lead time plus the cloud window before it until its
   expected end (:func:`_why_recurring`: the rules' memory of past peaks may then hold cloud).

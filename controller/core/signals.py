@@ -193,14 +193,14 @@ SIGNALS: tuple[Signal, ...] = (
         _HOLD + " Sizing for the load (the learned capacity, the forecast kind) then reads"
         " request_rate_per_s instead.",
         Reason.THROUGHPUT_ABOVE_CAPACITY,
-        promql="(sum by (${model}, ${pool}) (rate(nv_inference_request_success[${window}]))"
+        promql="clamp_min(sum by (${model}, ${pool}) (rate(nv_inference_request_success[${window}]))"
                " + on (${model}, ${pool}) "
-               'sum by (${model}, ${pool}) (deriv(nv_trt_llm_request_metrics{request_type=~"waiting|active"}[${window}])))'
+               'sum by (${model}, ${pool}) (deriv(nv_trt_llm_request_metrics{request_type=~"waiting|active"}[${window}])), 0)'
                " or on (${model}, ${pool}) "
                "sum by (${model}, ${pool}) (rate(nv_inference_request_success[${window}]))",
         promql_help="Successful requests per second plus the per-second slope (deriv) of the TensorRT-LLM"
-                    " requests waiting and active over the rate window; without those series, the successful"
-                    " requests alone.",
+                    " requests waiting and active over the rate window, at least 0 (a pod that goes away takes its"
+                    " requests out of the sum); without those series, the successful requests alone.",
     ),
     Signal(
         "output_tokens_per_s", "tokens/s", Combine.SUM,

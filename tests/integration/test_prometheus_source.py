@@ -165,6 +165,26 @@ def test_arrivals_are_the_successes_plus_the_growth_of_the_requests_in_the_syste
     assert s.request_rate_per_s.value == pytest.approx(4.0, rel=0.05)
     assert s.arrival_rate_per_s.value == pytest.approx(7.0, rel=0.05)
 
+
+def test_arrivals_never_read_below_zero(metrics_lab: MetricsLab) -> None:
+    """Requests leaving the count faster than they succeed (a pod that goes away takes its
+    requests out of the sum) would make the sum negative: the arrival rate reads 0, not less."""
+    lab = metrics_lab.triton["onprem"]
+    m = "llama-leaving"
+    a = lab.set_model(m)
+    t = lab.set_trtllm(m, waiting=100_000.0)
+    lab.add_load(Ramp(a, "success", 1.0))
+    lab.add_load(Ramp(t, "waiting", -5.0))
+
+    def settled(o: Observation) -> bool:
+        s = o.models[m]
+        return s.request_rate_per_s.value is not None and abs(s.request_rate_per_s.value - 1.0) <= 0.1 \
+            and s.arrival_rate_per_s.value is not None
+
+    with PrometheusMetricsSource(metrics_lab.prometheus.url, FAST) as src:
+        obs = poll(lambda: src.observe_detailed([spec(m, ("onprem",))], now()), settled)
+    assert obs.models[m].arrival_rate_per_s.value == 0.0
+
 def test_one_query_per_signal_kind_whatever_the_number_of_models(metrics_lab: MetricsLab) -> None:
     names = [f"count-{i}" for i in range(6)]
     for n in names:
