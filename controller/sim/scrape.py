@@ -80,13 +80,16 @@ class Scraping(Serving):
             self.scrape_hist_ttft = ZERO_HIST
             self.scrape_w = {}
         # counters -> rates over the window, as Prometheus's rate() reads Triton's counters: the
-        # requests that completed (nv_inference_request_success) and the output tokens they
-        # carried, so both rise while a backlog drains and stop rising while the replicas saturate
-        # (the queue shows the overload); prompt tokens count at admission. One log for all, so
-        # output tokens per request are those of the same requests; in the world's first window
-        # they divide by the time it has run (their counters start with the world). The request
-        # rate used to count arrivals: while a backlog drained, output tokens per request read
-        # nearly twice the trace's.
+        # requests that completed (nv_inference_request_success) and the output and prompt tokens
+        # they carried (the TensorRT-LLM backend observes nv_llm_output_token_len and
+        # nv_llm_input_token_len with its base metrics once a request's last response is final:
+        # model_instance_state.cc, WaitForResponse), so all rise while a backlog drains and stop
+        # rising while the replicas saturate (the queue shows the overload). One log for all, so
+        # tokens per request are those of the same requests; in the world's first window they
+        # divide by the time it has run (their counters start with the world). The request rate
+        # used to count arrivals: while a backlog drained, output tokens per request read nearly
+        # twice the trace's; prompt tokens counted at admission read 2.35-2.5 x the trace's per
+        # request in a cold start's first minute.
         done = float(self.completed) if self.mode == "requests" else self.fluid_served
         queued = self.scrape_pending or 0.0  # waiting or in flight: in the system
         log = self.token_log

@@ -69,7 +69,6 @@ class Serving(Fleet):
             rep = best.replica
             assert rep is not None
             rep.admit(r, now)
-            self.cum_in_tokens += prompt[r]
             self._sched_replica(best)
 
 
@@ -101,8 +100,10 @@ class Serving(Fleet):
             book = self.book
             assert book is not None
             now = self.now
+            prompt = book.prompt
             for r in done:
                 self.cum_out_tokens += book.output[r]
+                self.cum_in_tokens += prompt[r]
                 self.recent_e2e.append((now, now - book.arrival_s[r]))
                 self.recent_ttft.append((now, book.first_token_s[r] - book.arrival_s[r]))
             self.completed += len(done)

@@ -216,3 +216,21 @@ def test_the_first_window_reads_the_rates_a_full_one_does(mode: str) -> None:
     for r, p in early:
         assert r == pytest.approx(rate, rel=0.25), (r, rate)
         assert p == pytest.approx(per_request, rel=0.25), (p, per_request)
+
+
+def test_prompt_tokens_per_request_read_the_traces_while_a_backlog_builds() -> None:
+    """Prompt tokens are counted as their request completes, as the TensorRT-LLM backend observes
+    ``nv_llm_input_token_len`` (with the output length, once a request is final), so the prompt
+    tokens per completed request are those of the same requests. Counted at admission, a cold start
+    into three times one replica's load read 2.35 x the trace's mean prompt at 30 s (each admitted
+    request counted its prompt, few completed; 2.5 x on the steady adversarial hour, where the
+    learned capacity's prior for that mix was about half the replicas' for five minutes)."""
+    trace = F.step_trace(0.0, 600.0, 0.0, F.rate_at_slo() * 3.0, seed=7)
+    mean_prompt = float(np.mean(trace.prompt_tokens))
+    res = simulate(F.setup(trace, mode="requests", seed=5), TidegateController(F.policy(min_replicas=1, max_replicas=1)))
+    tl = res.timeline
+    early = [i / r for t, r, i in zip(tl["t_s"], tl["request_rate_per_s"], tl["input_tokens_per_s"])
+             if r and i and 30.0 <= t <= 300.0]
+    assert len(early) >= 5
+    assert float(np.median(early)) == pytest.approx(mean_prompt, rel=0.2), (early, mean_prompt)
+    assert max(early) < 1.5 * mean_prompt, (max(early), mean_prompt)
