@@ -280,9 +280,22 @@ def read_azure_trace(path: str | Path, name: str | None = None, start: np.dateti
                 outputs.append(int(row[2]))
             except (IndexError, ValueError) as e:
                 raise ValueError(f"{path}:{lineno}: cannot parse {row!r}: {e}") from e
+            if prompts[-1] < 0 or outputs[-1] < 0:
+                raise ValueError(f"{path}:{lineno}: negative token count in {row!r}: ContextTokens and "
+                                 "GeneratedTokens are counts, 0 or more")
     if not stamps:
         raise ValueError(f"{path}: no requests")
-    ts = np.array(stamps, dtype="datetime64[ns]")
+    try:
+        ts = np.array(stamps, dtype="datetime64[ns]")
+    except ValueError:
+        # numpy names the value, not the line: find the first stamp it refuses (the error path only)
+        for lineno, stamp in enumerate(stamps, start=2):
+            try:
+                np.datetime64(stamp, "ns")
+            except ValueError as e:
+                raise ValueError(f"{path}:{lineno}: cannot parse the TIMESTAMP {stamp.replace('T', ' ')!r}: {e}; "
+                                 "expected e.g. 2023-11-16 18:15:46.6805900") from e
+        raise
     origin = ts.min() if start is None else np.datetime64(start, "ns")
     if ts.min() < origin:
         raise ValueError(f"{path}: the trace start {origin} is after its first request {ts.min()}: "

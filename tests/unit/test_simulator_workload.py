@@ -40,6 +40,9 @@ def test_azure_reader_parses_times_and_tokens(tmp_path: Path) -> None:
     ("a,b,c\n1,2,3\n", "expected header"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:04,x,3\n", ":2: cannot parse"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "no requests"),
+    # the line of a stamp numpy refuses, not only the value
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:04,1,3\nyesterday,1,3\n", ":3: cannot parse the TIMESTAMP"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:04,-5,3\n", ":2: negative token count"),
 ])
 def test_azure_reader_rejects_bad_files(tmp_path: Path, text: str, needle: str) -> None:
     f = tmp_path / "bad.csv"
