@@ -144,6 +144,8 @@ def adversarial_cases(seed: int, folder: Path) -> list[Case]:
         spot: tuple[str, ...] = ()
         if adv.reclaim_s is not None:
             spot = (f"{RECLAIMED_POOL}={write_reclaim_csv(folder / f'{name}-spot.csv', *adv.reclaim_s)}",)
+        elif adv.shared_spot:
+            spot = _spot_present(AZURE_SPOT)
         out.append(Case(name, "adversarial", str(path), spot=spot, trace_start=ADVERSARIAL_ORIGIN, weight=2.0))
     return out
 

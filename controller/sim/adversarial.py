@@ -18,7 +18,14 @@ traces':
 ``steady``           the same load for the whole hour (a fleet that starts small must catch up once,
                      then hold the right size);
 ``step-up``          a third of the peak for 30 minutes, the peak for 30, a third again for 30
-                     (a lasting step, not a spike: an hour and a half).
+                     (a lasting step, not a spike: an hour and a half);
+``diurnal``          a conversation-like day compressed into an hour and a half: a quarter of the
+                     peak rising smoothly to it and back, with slow random swells, prompts of
+                     100-3,000 tokens and answers of 50-800, and the shared Azure traces' real spot
+                     interruptions on the spot pools (a whole GCP pool reclaimed ~46 minutes in);
+``bursty``           arrivals in bursts (gamma inter-arrival times, coefficient of variation 3, as
+                     BurstGPT reports for conversation services) at 0.4 of the peak's mean for 30
+                     minutes, then 0.7, with the same real spot interruptions.
 
 Rates are in units of the peak: the benchmark scales every trace so its busiest minute needs
 ``peak_replicas`` replicas (``scenario.build_scenario``'s ``peak_replicas``), like the shared ones.
@@ -49,6 +56,8 @@ class Adversary:
     name: str
     trace: RequestTrace
     reclaim_s: tuple[float, float] | None = None
+    shared_spot: bool = False
+    """Replay the shared Azure traces' spot interruptions on the spot pools (where present)."""
 
 
 def _arrivals(rate: Callable[[np.ndarray], np.ndarray], end_s: float, rng: np.random.Generator) -> np.ndarray:
@@ -140,10 +149,40 @@ def step_up(seed: int) -> Adversary:
     return Adversary("step-up", _make("step-up", rate, 5400.0, seed))
 
 
+CHAT_LIKE = ((100.0, 3000.0), (50.0, 800.0))
+"""Token ranges of a conversation service: shorter prompts, longer answers than the code mix."""
+
+
+def diurnal(seed: int) -> Adversary:
+    end_s = 5400.0
+    rng = np.random.default_rng([seed, sum(b"diurnal-swells")])
+    # slow swells: white noise smoothed over five minutes, about +-10 % of the peak
+    swell = np.convolve(rng.normal(0.0, 1.0, int(end_s)), np.ones(300) / 300.0, mode="same") * 1.6
+
+    def rate(t: np.ndarray) -> np.ndarray:
+        base = 0.25 + 0.75 * np.sin(np.pi * t / end_s) ** 2
+        return BASE_RATE_PER_S * np.clip(base + 0.1 * swell[t.astype(np.int64)], 0.05, None)
+    return Adversary("diurnal", _make("diurnal", rate, end_s, seed, CHAT_LIKE), shared_spot=True)
+
+
+def bursty(seed: int) -> Adversary:
+    rng = np.random.default_rng([seed, sum(b"bursty")])
+    cv2 = 9.0  # squared coefficient of variation of the gaps: gamma shape 1/9
+    out: list[float] = []
+    t = 0.0
+    while t < 3600.0:
+        mean_rate = BASE_RATE_PER_S * (0.4 if t < 1800.0 else 0.7)
+        t += float(rng.gamma(1.0 / cv2, cv2 / mean_rate))
+        out.append(t)
+    arrival = np.array([x for x in out if x < 3600.0])
+    p, o = _tokens(len(arrival), rng, (300.0, 6000.0), (5.0, 300.0))
+    return Adversary("bursty", RequestTrace("bursty", arrival, p, o), shared_spot=True)
+
+
 ADVERSARIES: dict[str, Callable[[int], Adversary]] = {
     "flash-crowd": flash_crowd, "idle-burst": idle_burst, "sawtooth": sawtooth, "slow-ramp": slow_ramp,
     "spot-reclaim": spot_reclaim, "long-prompts": long_prompts, "long-answers": long_answers,
-    "steady": steady, "step-up": step_up,
+    "steady": steady, "step-up": step_up, "diurnal": diurnal, "bursty": bursty,
 }
 
 
@@ -182,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         if adv.reclaim_s is not None:
             spot = write_reclaim_csv(out / f"{name}-spot.csv", *adv.reclaim_s)
             print(f"{spot}: replay it on a spot pool (--spot POOL={spot})")
+        elif adv.shared_spot:
+            print(f"  with the shared Azure spot traces on the spot pools (bench/decision_quality.py --trace "
+                  f"replays them; tidegate simulate: --spot POOL=PATH)")
     return 0
 
 

@@ -208,6 +208,17 @@ def test_adversarial_traces_are_seeded_and_have_their_shapes() -> None:
     step = ADVERSARIES["step-up"](0).trace.rate_per_s(60.0)
     low, high, after = step[1:29], step[31:59], step[61:89]
     assert high.min() > 2 * max(low.max(), after.max())  # a lasting step, then back down
+    day = ADVERSARIES["diurnal"](0)
+    per_min = day.trace.rate_per_s(60.0)
+    peak = per_min[40:50].mean()
+    assert per_min[:10].mean() < 0.5 * peak and per_min[-10:].mean() < 0.5 * peak  # up and back down
+    assert day.trace.output_tokens.mean() > 0.2 * day.trace.prompt_tokens.mean()  # conversation: long answers
+    burst = ADVERSARIES["bursty"](0)
+    gaps = np.diff(burst.trace.arrival_s)
+    assert gaps.std() / gaps.mean() > 2.5  # far burstier than Poisson (1)
+    rate = burst.trace.rate_per_s(60.0)
+    assert rate[30:60].mean() > 1.4 * rate[:30].mean()
+    assert day.shared_spot and burst.shared_spot and not ADVERSARIES["steady"](0).shared_spot
 
 
 def test_trace_start_keeps_the_idle_lead(tmp_path: Path) -> None:
