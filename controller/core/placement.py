@@ -52,15 +52,15 @@ rules, in the order they apply:
    replacements fit (placed as step 4 places: on-prem, then spot spread) and the new nodes they
    need cost less per hour than the node it empties (whole nodes: a replica on a node already
    paid for is free; an on-demand node is saved only when it empties), with the overlap within the
-   cap, ``max_total`` and ``max_cloud``; the first step that does not save stops it. Nothing here
-   removes an on-demand replica: at the next decision the replacements are spare replicas above
-   the total, and step 2 trims that excess as it trims any, not-ready replicas first (the
-   replacements still starting, on-prem ones too while on-demand replicas serve, ordered again
-   here at once) and then on-demand before anything else: an on-demand replica goes exactly when
-   a replacement serves. The replacements are
-   reported (``PlacementResult.return_spare``, reason ``FallbackReturn``) so the pipeline does
-   not count them as demand; given the replacements the previous decision held (``returning``),
-   step 2's removals of serving on-demand replicas are reported as released for them.
+   cap, ``max_total`` and ``max_cloud``; the first step that does not save stops it. An on-demand
+   pool still starting replicas is left alone (they were ordered because the cheaper pools could
+   not take them). Nothing here removes an on-demand replica: at the next decision the
+   replacements are spare replicas above the total; step 2 first cancels those still starting
+   (``returning``: how many the previous decision held; step 7 orders them again at once), then
+   trims the rest of the excess as it trims any, on-demand before anything else: an on-demand
+   replica goes exactly when a replacement serves, and is reported as released for it. The
+   replacements are reported (``PlacementResult.return_spare``, reason ``FallbackReturn``) so
+   the pipeline does not count them as demand.
 
 Each rule is a function of ``place``'s (``_keep_valid``, ``_trim_excess``, ``_trim_cloud``, ``_trim_to_budget``,
 ``_fill``, ``_repair_spread``, ``_fill_hedge``, ``_return_from_fallback``, then ``_shortfall`` and ``_reason`` for what shaped the result);
@@ -313,8 +313,8 @@ def place(
     by capacity) and are neither filled nor trimmed for the total, only for the budget (last).
     ``max_cost_per_hour_usd`` is the ceiling on the placement's cost. ``max_total`` bounds the
     total with the spares (the spot hedge's, none with pins; the fallback return's). ``max_cloud``
-    caps the replicas on the unpinned cloud (spot and on-demand) pools, the spares included
-    (``None``: no cap). ``returning``: the previous decision's ``return_spare`` (for the events).
+    caps the replicas on the unpinned cloud pools, spares included (``None``: no cap).
+    ``returning``: the previous decision's ``return_spare`` (step 2 cancels those still starting).
 
     The steps of the module docstring, in order, each a function of its own; they work on the
     pools' private working views and return what they did and their events.
@@ -324,8 +324,8 @@ def place(
     views = kept.views
     want = max(total, sum([p.replicas for p in views if p.pinned]))
     risk = _spot_risk(views, states, placement.spot_hedge, want if pinned else max_total, want)
-    _trim_excess(views, want + risk.spare, placement.return_from_fallback)
-    released = _released(views, returning) if returning > 0 else _NO_RETURN
+    cancelled = _trim_excess(views, want + risk.spare, returning)
+    released = _released(views, returning - cancelled) if returning > cancelled else _NO_RETURN
     cloud_events = _trim_cloud(views, max_cloud)
     trim = _trim_to_budget(views, cap)
     fill = _fill(views, want, trim, cap, placement, max_cloud)
@@ -447,16 +447,16 @@ def _removal_key(p: _Pool) -> tuple[int, float, int, str]:
     return -p.tier, -p.eff_cost, -p.priority, p.name
 
 
-def _remove(order: list[_Pool], excess: int, onprem_starting: bool = False) -> int:
+def _remove(order: list[_Pool], excess: int, not_ready_only: bool = False) -> int:
     """Remove up to ``excess`` replicas from ``order``: first those not ready yet, cloud pools only
-    (a cloud order still provisioning is cancelled before a replica that serves) unless
-    ``onprem_starting``, then in order. Returns the replicas removed."""
+    (a cloud order still provisioning is cancelled before a replica that serves), then in order.
+    ``not_ready_only``: those not ready yet only, on-prem ones too. Returns the replicas removed."""
     removed = 0
-    for pass_not_ready in (True, False):
+    for pass_not_ready in (True, False) if not not_ready_only else (True,):
         for p in order:
             if removed >= excess:
                 return removed
-            if pass_not_ready and p.tier == _ONPREM and not onprem_starting:
+            if pass_not_ready and p.tier == _ONPREM and not not_ready_only:
                 continue
             take = min(p.not_ready() if pass_not_ready else p.replicas, excess - removed)
             p.replicas -= take
@@ -464,18 +464,17 @@ def _remove(order: list[_Pool], excess: int, onprem_starting: bool = False) -> i
     return removed
 
 
-def _trim_excess(views: list[_Pool], want: int, return_from_fallback: bool) -> int:
-    """Step 2, too many: remove not-ready cloud replicas first, then on-demand, then spot, on-prem
-    last; most expensive first within a tier; pinned pools keep their pin. While on-demand
-    replicas serve (and ``return_from_fallback``), on-prem replicas still starting go before any
-    that serves too: they may be the fallback return's replacements (step 7 orders them again),
-    and an on-demand replica goes only for one that serves. Returns the replicas removed."""
+def _trim_excess(views: list[_Pool], want: int, returning: int) -> int:
+    """Step 2, too many: the previous decision's fallback-return replacements still starting go
+    first (up to ``returning``: replicas not ready yet on the on-prem and spot pools; step 7 orders
+    them again), then not-ready cloud replicas, then on-demand, then spot, on-prem last; most
+    expensive first within a tier; pinned pools keep their pin. Returns the replacements cancelled."""
     excess = sum([p.replicas for p in views]) - want
     if excess <= 0:
         return 0
-    order = _trim_order(views, (_ONPREM, _SPOT, _ONDEMAND))
-    onprem_starting = return_from_fallback and any(p.tier == _ONDEMAND and p.ready > 0 for p in order)
-    return _remove(order, excess, onprem_starting)
+    cancelled = _remove(_trim_order(views, (_ONPREM, _SPOT)), min(excess, returning), True) if returning > 0 else 0
+    _remove(_trim_order(views, (_ONPREM, _SPOT, _ONDEMAND)), excess - cancelled)
+    return cancelled
 
 
 def _cloud(views: list[_Pool]) -> int:
@@ -881,11 +880,13 @@ def _return_from_fallback(views: list[_Pool], cap: float | None, max_total: int 
     that take replicas, for the on-demand replicas, one on-demand node at a time in step 2's
     removal order, each only if it saves money and the overlap fits the cap, ``max_total`` and
     ``max_cloud``. ``interrupted``: spot pools the hedge keeps spares away from (no target either)."""
-    sources = _trim_order(views, (_ONDEMAND,)) if placement.return_from_fallback else None
-    if not sources:  # the common case: nothing on on-demand
+    if not placement.return_from_fallback or not _holds_on_demand(views):  # the common case: no on-demand
         return _NO_RETURN
+    # pools still starting replicas are left alone: they were just ordered because the cheaper
+    # pools could not take them (a spot pool whose launches fail reads available again at once)
+    sources = [p for p in _trim_order(views, (_ONDEMAND,)) if p.ready >= p.replicas]
     onprem, spot = _return_targets(views, interrupted)
-    if not onprem and not spot:
+    if not sources or (not onprem and not spot):
         return _NO_RETURN
     targets = onprem + spot
     start = [p.replicas for p in targets]
@@ -894,6 +895,15 @@ def _return_from_fallback(views: list[_Pool], cap: float | None, max_total: int 
         if not _empty_nodes(src, onprem, spot, overlap, placement.spot_spread_min_pools):
             break  # dearest first: stop at the first node that cannot be emptied at a saving
     return _ordered(targets, start, overlap)
+
+
+def _holds_on_demand(views: list[_Pool]) -> bool:
+    """Whether an unpinned on-demand pool holds replicas (a loop that stops early: every decision
+    asks)."""
+    for p in views:
+        if p.tier == _ONDEMAND and p.replicas > 0 and not p.pinned:
+            return True
+    return False
 
 
 def _return_targets(views: list[_Pool], interrupted: frozenset[str]) -> tuple[list[_Pool], list[_Pool]]:
@@ -985,18 +995,14 @@ def _per_pool(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{name} {n}" for name, n in counts.items())
 
 
-def _released(views: list[_Pool], returning: int) -> _Return:
+def _released(views: list[_Pool], ready: int) -> _Return:
     """Of the serving on-demand replicas step 2 removed, those released for the previous
-    decision's ``returning`` replacements: at most ``returning`` less the replacements step 2
-    cancelled as not ready yet (step 7 orders them again); the rest of a removal is the demand
-    falling."""
-    left = returning
-    for p in views:
-        if p.tier != _ONDEMAND and p.kept > p.replicas:
-            left -= min(p.kept - p.replicas, p.kept - min(p.ready, p.kept))  # not-ready ones went first
+    decision's replacements that serve now (``ready``: those it did not cancel as still starting);
+    the rest of a removal is the demand falling."""
     released: dict[str, int] = {}
+    left = ready
     for p in sorted((p for p in views if p.tier == _ONDEMAND and p.kept > p.replicas), key=_removal_key):
-        serving = p.kept - p.replicas - (p.kept - min(p.ready, p.kept))
+        serving = p.kept - p.replicas - (p.kept - min(p.ready, p.kept))  # not-ready ones went first
         n = min(serving, left)
         if n > 0:
             released[p.name] = n

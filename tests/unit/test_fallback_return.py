@@ -89,6 +89,22 @@ def test_replacements_ready_release_as_many_on_demand_and_the_total_is_the_deman
     assert fell.replicas == {"onprem": 4, "gcp-spot": 4, "aws-od": 4} and fell.return_released == 0
 
 
+def test_an_on_demand_pool_still_starting_replicas_is_left_alone() -> None:
+    # they were just ordered because the cheaper pools could not take them (a spot pool whose
+    # launches fail reads available again at once): no replacements until they serve
+    res = run({"onprem": 4, "aws-od": 4}, 8, ready={"aws-od": 3})
+    assert res.replicas == {"onprem": 4, "gcp-spot": 0, "aws-od": 4} and res.return_spare == 0
+
+
+def test_replacements_that_can_no_longer_start_leave_the_serving_on_demand_replicas_alone() -> None:
+    # the spot pool turned unavailable (its launches failed): its replacements, not ready, go;
+    # the on-demand replicas serve on, none is ordered again
+    res = run({"onprem": 4, "gcp-spot": 4, "aws-od": 4}, 8, ready={"gcp-spot": 0}, returning=4,
+              extra={"gcp-spot": {"available": False}})
+    assert res.replicas == {"onprem": 4, "gcp-spot": 0, "aws-od": 4}
+    assert (res.return_spare, res.return_released) == (0, 0)
+
+
 # -- place: only when it saves money -----------------------------------------------------------------
 
 def test_no_saving_no_migration() -> None:

@@ -315,11 +315,6 @@ def check_capacity_packing_budget_and_cost(sc: Scenario, res: PlacementResult) -
 
 def check_scale_in_never_takes_onprem_before_cloud(sc: Scenario, res: PlacementResult) -> None:
     cloud = sum(v for n, v in res.replicas.items() if not sc.pools[n].tier.is_onprem)
-    # make before break (the fallback return): while on-demand replicas serve, on-prem replicas
-    # still starting may go first (they are ordered again as replacements where that saves)
-    od_serving = sc.spec.return_from_fallback and any(
-        spec.tier is Tier.ONDEMAND and (sc.states[n].ready_replicas is None or sc.states[n].ready_replicas > 0)
-        and (sc.states[n].replicas or 0) > 0 for n, spec in sc.pools.items())
     for name, spec in sc.pools.items():
         if not spec.tier.is_onprem or not sc.states[name].available:
             continue
@@ -327,9 +322,6 @@ def check_scale_in_never_takes_onprem_before_cloud(sc: Scenario, res: PlacementR
         if per_node == 0:
             continue
         baseline = min(sc.states[name].replicas or 0, spec.max_nodes * per_node)
-        ready = sc.states[name].ready_replicas
-        if od_serving and ready is not None:
-            baseline = min(baseline, ready)
         if res.replicas[name] < baseline:
             assert cloud == 0, (name, baseline, res.replicas)
 
