@@ -46,7 +46,9 @@ rules, in the order they apply:
    back they would stay until the demand falls. While unpinned on-demand pools hold replicas and
    cheaper pools take new ones (on-prem room, spot pools that accept replicas: available, no
    notices, not over ``max_recent_interruptions``, not drained or pinned, and with the hedge on
-   not interrupted recently), replacements are ordered there **above the total**, the on-demand
+   not interrupted recently, and not still starting replicas: an order beyond what the cloud has
+   left would make it unavailable and drop them), replacements are ordered there **above the
+   total**, the on-demand
    replicas serving on: make before break. One step per on-demand node, in step 2's removal order
    (dearest replica-hour first, the fewest-held node of a pool first), each only if its
    replacements fit (placed as step 4 places: on-prem, then spot spread) and the new nodes they
@@ -908,9 +910,12 @@ def _holds_on_demand(views: list[_Pool]) -> bool:
 
 def _return_targets(views: list[_Pool], interrupted: frozenset[str]) -> tuple[list[_Pool], list[_Pool]]:
     """The pools replacements may go to, in step 4's order: on-prem pools and spot pools (not
-    ``interrupted``) that take new replicas and have room."""
+    ``interrupted``) that take new replicas and have room. A spot pool still starting replicas is
+    none: an order beyond what the cloud has left would mark it unavailable, and step 1 would then
+    drop the replicas it is starting."""
     onprem = [p for p in _ranked(views, _ONPREM) if p.replicas < p.capacity]
-    return onprem, [p for p in _ranked(views, _SPOT) if p.replicas < p.capacity and p.name not in interrupted]
+    return onprem, [p for p in _ranked(views, _SPOT)
+                    if p.ready >= p.replicas < p.capacity and p.name not in interrupted]
 
 
 @dataclass(slots=True)

@@ -96,6 +96,15 @@ def test_an_on_demand_pool_still_starting_replicas_is_left_alone() -> None:
     assert res.replicas == {"onprem": 4, "gcp-spot": 0, "aws-od": 4} and res.return_spare == 0
 
 
+def test_a_spot_pool_still_starting_replicas_is_no_target() -> None:
+    # an order beyond what the cloud has left would mark it unavailable, and its replicas still
+    # starting (for the demand) would be dropped with the replacements
+    res = run({"onprem": 4, "gcp-spot": 2, "aws-od": 4}, 10, ready={"gcp-spot": 1})
+    assert res.replicas == {"onprem": 4, "gcp-spot": 2, "aws-od": 4} and res.return_spare == 0
+    # once they serve, the pool takes replacements
+    assert run({"onprem": 4, "gcp-spot": 2, "aws-od": 4}, 10).return_spare == 4
+
+
 def test_replacements_that_can_no_longer_start_leave_the_serving_on_demand_replicas_alone() -> None:
     # the spot pool turned unavailable (its launches failed): its replacements, not ready, go;
     # the on-demand replicas serve on, none is ordered again

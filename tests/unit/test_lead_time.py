@@ -175,9 +175,7 @@ def test_placement_cancels_not_ready_cloud_replicas_before_ready_ones() -> None:
     states = {"onprem": PoolState("onprem", 8, 8), "spot": PoolState("spot", 4, 0), "od": PoolState("od", 4, 4)}
     r = place(model=MODEL, pools=POOLS, states=states, total=13)
     # three fewer: the four spot replicas still starting go before any on-demand one that serves
-    # (and the spot pool has room: the fallback return orders 4 replacements for the on-demand
-    # node above the total, the on-demand replicas serving on)
-    assert r.replicas == {"onprem": 8, "spot": 1 + 4, "od": 4} and r.return_spare == 4
+    assert r.replicas == {"onprem": 8, "spot": 1, "od": 4}
     capped = place(model=MODEL, pools=POOLS, states=states, total=16, max_cloud=4)
     assert capped.replicas == {"onprem": 8, "spot": 0, "od": 4}
     assert any(code == Reason.CLOUD_RELEASED.value for code, _ in capped.events)
