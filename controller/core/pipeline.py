@@ -57,7 +57,7 @@ from controller.core.model import (
     Stage,
 )
 from controller.core.overrides import OverrideEffect, resolve
-from controller.core.placement import HEDGE_STATE_KEY, PlacementResult, hedge_spare, place, preferred_pool
+from controller.core.placement import SPARE_STATE_KEY, PlacementResult, held_spare, place, preferred_pool, spare_state
 from controller.core.policy import EffectivePolicy
 from controller.core.pricing import hourly_cost_at_usd, placement_cost
 from controller.core.reasons import (  # the codes as plain strings: see controller.core.reasons
@@ -595,9 +595,10 @@ def _cost_cap(budget: Budget, rate: float | None, lo: int, total: int, fill: Cal
 def _placement(prev: _Step, result: PlacementResult, current: int, previous: Mapping[str, int],
                fixed: Mapping[str, int]) -> _Step:
     """Stage 10: replicas per pool. The total's reason stays unless placement limited it, or only
-    the placement moved (then the placement event is the story)."""
+    the placement moved (then the placement event is the story). ``current``: the replicas
+    without the spares, as the placement's total without its own."""
     placed, reason = result.total, prev.reason
-    moved_only = placed == current and result.replicas != previous
+    moved_only = placed - result.spare == current and result.replicas != previous
     code = reason
     if result.capacity_limited:
         reason = code = _CAPACITY_EXHAUSTED
@@ -652,11 +653,18 @@ def _outcome(prev: _Step, result: PlacementResult, effect: OverrideEffect, pause
 
 def _scale_events(events: tuple[ScaleEvent, ...], spec: PolicySpec, result: PlacementResult, out: _Outcome,
                   history: History, rule_state: dict[str, Mapping[str, Any]], current: int, now: datetime) -> tuple[ScaleEvent, ...]:
-    """The rate-limit history with this decision's step, the spot hedge's spares left out (they are
-    no demand), and the spares recorded in ``rule_state`` for the next tick."""
-    if spec.placement.spot_hedge > 0:
-        rule_state[HEDGE_STATE_KEY] = {"spare": result.hedge_spare if out.actuate else hedge_spare(history.rule_state)}
-    demand = out.replicas - (result.hedge_spare if out.actuate else 0)
+    """The rate-limit history with this decision's step, the spares left out (the spot hedge's and
+    the fallback return's: they are no demand), and the spares recorded in ``rule_state`` for the
+    next tick (kept as they were when not acting). No entry while there is nothing to record and
+    the hedge is off: the common case stays as it was."""
+    held = history.rule_state.get(SPARE_STATE_KEY)
+    if not out.actuate:
+        if held is not None or spec.placement.spot_hedge > 0:
+            rule_state[SPARE_STATE_KEY] = spare_state(held_spare(history.rule_state),
+                                                       held_spare(history.rule_state, "return"))
+    elif result.spare or held is not None or spec.placement.spot_hedge > 0:
+        rule_state[SPARE_STATE_KEY] = spare_state(result.spare, result.return_spare)
+    demand = out.replicas - (result.spare if out.actuate else 0)
     if out.actuate and demand != current:
         return events + (ScaleEvent(now, current, demand),)
     return events
@@ -679,8 +687,8 @@ def decide(
     if unknown:
         return _not_observed(model, pools, states, policy, history, previous, unknown, now)
     observed = sum(previous.values())
-    # the spot hedge's spares are no demand: the rules and safeguards see the replicas without them
-    current = max(0, observed - hedge_spare(history.rule_state)) if spec.placement.spot_hedge > 0 else observed
+    spare = held_spare(history.rule_state)  # spares (spot hedge, fallback return) are no demand:
+    current = observed - spare if spare < observed else 0  # the rules and safeguards see the rest
     max_age_s = spec.missing_data.max_signal_age_s
     fresh, ready, pressure = _observe(model, signals, spec, now)
     learned = _capacity(model, pools, signals, previous, policy, history, now, fresh, ready, pressure)
@@ -704,10 +712,10 @@ def decide(
                                   fresh.arrivals, pressure, lo, effect.pin_total is not None, now)
     fill = partial(place, model=model, pools=pools, states=states, placement=spec.placement, drained=drained,
                    pinned=fixed, max_total=effect.bounds_for(spec.bounds.min_replicas, spec.bounds.max_replicas)[1],
-                   max_cloud=max_cloud)
+                   max_cloud=max_cloud, returning=held_spare(history.rule_state, "return") if spare else 0)
     cap = _cost_cap(spec.budget, fresh.output_tokens, lo, timed.value, fill)
     result = fill(total=timed.value, max_cost_per_hour_usd=cap.usd)
-    placed = _placement(timed, result, observed, previous, fixed)
+    placed = _placement(timed, result, current, previous, fixed)
     budgeted = _budget(placed, result, cap, timed.value, lo)
     out = _outcome(budgeted, result, effect, paused, observed, previous,
                    partial(placement_cost, model, pools, states, previous))

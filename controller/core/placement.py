@@ -41,9 +41,31 @@ rules, in the order they apply:
    kept from tick to tick (step 2 trims to the total plus the spare) and reported
    (``PlacementResult.hedge_spare``, reason ``SpotHedge``) so the pipeline does not count them
    as demand.
+7. **Fallback return** (``placement.return_from_fallback``, on by default; SkyServe's dynamic
+   fallback): on-demand replicas are kept by step 1 like any other, so after a spot pool comes
+   back they would stay until the demand falls. While unpinned on-demand pools hold replicas and
+   cheaper pools take new ones (on-prem room, spot pools that accept replicas: available, no
+   notices, not over ``max_recent_interruptions``, not drained or pinned, and with the hedge on
+   not interrupted recently, and not still starting replicas: an order beyond what the cloud has
+   left would make it unavailable and drop them), replacements are ordered there **above the
+   total**, the on-demand
+   replicas serving on: make before break. One step per on-demand node, in step 2's removal order
+   (dearest replica-hour first, the fewest-held node of a pool first), each only if its
+   replacements fit (placed as step 4 places: on-prem, then spot spread) and the new nodes they
+   need cost less per hour than the node it empties (whole nodes: a replica on a node already
+   paid for is free; an on-demand node is saved only when it empties), with the overlap within the
+   cap, ``max_total`` and ``max_cloud``; the first step that does not save stops it. An on-demand
+   pool still starting replicas is left alone (they were ordered because the cheaper pools could
+   not take them). Nothing here removes an on-demand replica: at the next decision the
+   replacements are spare replicas above the total; step 2 first cancels those still starting
+   (``returning``: how many the previous decision held; step 7 orders them again at once), then
+   trims the rest of the excess as it trims any, on-demand before anything else: an on-demand
+   replica goes exactly when a replacement serves, and is reported as released for it. The
+   replacements are reported (``PlacementResult.return_spare``, reason ``FallbackReturn``) so
+   the pipeline does not count them as demand.
 
 Each rule is a function of ``place``'s (``_keep_valid``, ``_trim_excess``, ``_trim_cloud``, ``_trim_to_budget``,
-``_fill``, ``_repair_spread``, then ``_shortfall`` and ``_reason`` for what shaped the result);
+``_fill``, ``_repair_spread``, ``_fill_hedge``, ``_return_from_fallback``, then ``_shortfall`` and ``_reason`` for what shaped the result);
 they work on private per-pool views and return what they did with their events (reason code,
 message), which ``PlacementResult.events`` lists in that order.
 
@@ -71,6 +93,7 @@ from controller.core.reasons import (  # the codes as plain strings: see control
     POOL_UNAVAILABLE as _POOL_UNAVAILABLE,
     ON_DEMAND_FALLBACK as _ON_DEMAND_FALLBACK,
     SPOT_HEDGE as _SPOT_HEDGE,
+    FALLBACK_RETURN as _FALLBACK_RETURN,
 )
 from controller.core.spec import Placement as PlacementSpec
 
@@ -176,6 +199,11 @@ class PlacementResult:
     """The cost ceiling applied, USD per hour."""
     hedge_spare: int = 0
     """Spare replicas above the total held by the spot hedge (``placement.spot_hedge``)."""
+    return_spare: int = 0
+    """Spare replicas above the total (and the hedge's) that are replacements for on-demand
+    replicas (``placement.return_from_fallback``): the on-demand replicas go when they serve."""
+    return_released: int = 0
+    """On-demand replicas released because the previous decision's replacements serve."""
     why: tuple[str, ...] = ()
     """Why each pool got what it got, for people: the order pools were filled in with the
     replica-hour prices that set it (``gcp-spot before aws-spot: $3.75 vs $3.79 per replica-hour``),
@@ -184,6 +212,11 @@ class PlacementResult:
     @property
     def total(self) -> int:
         return sum(self.replicas.values())
+
+    @property
+    def spare(self) -> int:
+        """Replicas above the total asked for that are no demand: the hedge's and the replacements."""
+        return self.hedge_spare + self.return_spare
 
     def message(self) -> str:
         pools = ", ".join([f"{k}={v}" for k, v in self.replicas.items()])
@@ -272,6 +305,7 @@ def place(
     pinned: Mapping[str, int] | None = None,
     max_total: int | None = None,
     max_cloud: int | None = None,
+    returning: int = 0,
 ) -> PlacementResult:
     """Replicas per pool for ``total`` replicas of ``model``.
 
@@ -280,9 +314,9 @@ def place(
     and live price. ``drained`` pools get nothing. ``pinned`` pools get exactly their pin (capped
     by capacity) and are neither filled nor trimmed for the total, only for the budget (last).
     ``max_cost_per_hour_usd`` is the ceiling on the placement's cost. ``max_total`` bounds the
-    total with the spot hedge's spares (``placement.spot_hedge``; none with pins).
-    ``max_cloud`` caps the replicas on the unpinned cloud (spot and on-demand) pools, the hedge's
-    spares included (``None``: no cap).
+    total with the spares (the spot hedge's, none with pins; the fallback return's). ``max_cloud``
+    caps the replicas on the unpinned cloud pools, spares included (``None``: no cap).
+    ``returning``: the previous decision's ``return_spare`` (step 2 cancels those still starting).
 
     The steps of the module docstring, in order, each a function of its own; they work on the
     pools' private working views and return what they did and their events.
@@ -292,21 +326,25 @@ def place(
     views = kept.views
     want = max(total, sum([p.replicas for p in views if p.pinned]))
     risk = _spot_risk(views, states, placement.spot_hedge, want if pinned else max_total, want)
-    _trim_excess(views, want + risk.spare)
+    cancelled = _trim_excess(views, want + risk.spare, returning)
+    released = _released(views, returning - cancelled) if returning > cancelled else _NO_RETURN
     cloud_events = _trim_cloud(views, max_cloud)
     trim = _trim_to_budget(views, cap)
     fill = _fill(views, want, trim, cap, placement, max_cloud)
     spread = _repair_spread(views, fill.cost, cap, placement.spot_spread_min_pools)
     hedge = _fill_hedge(views, want, risk, cap, placement, max_cloud)
+    back = _return_from_fallback(views, cap, max_total, max_cloud, risk.interrupted, placement)
     short = _shortfall(views, want, cap, placement.allow_on_demand, trim.removed, max_cloud)
     return PlacementResult(
         replicas={p.name: p.replicas for p in views},
         cost_per_hour_usd=sum([p.cost() for p in views]),
         requested=total,
         kept={p.name: p.kept for p in views},
-        reason=_hedge_reason(_reason(kept, short, fill.on_demand), hedge),
-        events=tuple(kept.events + cloud_events + trim.events + fill.events + spread + hedge.events + short.events),
+        reason=_hedge_reason(_return_reason(_reason(kept, short, fill.on_demand), released, back), hedge),
+        events=tuple(kept.events + released.events + cloud_events + trim.events + fill.events + spread + hedge.events
+                     + back.events + short.events),
         hedge_spare=hedge.spare,
+        return_spare=back.replicas, return_released=released.replicas,
         interrupted_removed=kept.interrupted_removed,
         interrupted_replaced=min(kept.interrupted_removed, fill.added),
         capacity_limited=short.capacity_limited,
@@ -403,20 +441,24 @@ def _keep_current(kept: _Kept, p: _Pool, state: PoolState | None, placement: Pla
 def _trim_order(views: list[_Pool], tiers: tuple[int, ...]) -> list[_Pool]:
     """Unpinned pools of ``tiers`` holding replicas, in removal order: higher tier first, dearest
     first within a tier."""
-    return sorted((p for p in views if not p.pinned and p.replicas > 0 and p.tier in tiers),
-                  key=lambda p: (-p.tier, -p.eff_cost, -p.priority, p.name))
+    return sorted((p for p in views if not p.pinned and p.replicas > 0 and p.tier in tiers), key=_removal_key)
 
 
-def _remove(order: list[_Pool], excess: int) -> int:
+def _removal_key(p: _Pool) -> tuple[int, float, int, str]:
+    """Removal order: higher tier first, dearest replica-hour first, then higher priority, then name."""
+    return -p.tier, -p.eff_cost, -p.priority, p.name
+
+
+def _remove(order: list[_Pool], excess: int, not_ready_only: bool = False) -> int:
     """Remove up to ``excess`` replicas from ``order``: first those not ready yet, cloud pools only
     (a cloud order still provisioning is cancelled before a replica that serves), then in order.
-    Returns the replicas removed."""
+    ``not_ready_only``: those not ready yet only, on-prem ones too. Returns the replicas removed."""
     removed = 0
-    for pass_not_ready in (True, False):
+    for pass_not_ready in (True, False) if not not_ready_only else (True,):
         for p in order:
             if removed >= excess:
                 return removed
-            if pass_not_ready and p.tier == _ONPREM:
+            if pass_not_ready and p.tier == _ONPREM and not not_ready_only:
                 continue
             take = min(p.not_ready() if pass_not_ready else p.replicas, excess - removed)
             p.replicas -= take
@@ -424,14 +466,17 @@ def _remove(order: list[_Pool], excess: int) -> int:
     return removed
 
 
-def _trim_excess(views: list[_Pool], want: int) -> int:
-    """Step 2, too many: remove not-ready cloud replicas first, then on-demand, then spot, on-prem
-    last; most expensive first within a tier; pinned pools keep their pin. Returns the replicas
-    removed."""
+def _trim_excess(views: list[_Pool], want: int, returning: int) -> int:
+    """Step 2, too many: the previous decision's fallback-return replacements still starting go
+    first (up to ``returning``: replicas not ready yet on the on-prem and spot pools; step 7 orders
+    them again), then not-ready cloud replicas, then on-demand, then spot, on-prem last; most
+    expensive first within a tier; pinned pools keep their pin. Returns the replacements cancelled."""
     excess = sum([p.replicas for p in views]) - want
     if excess <= 0:
         return 0
-    return _remove(_trim_order(views, (_ONPREM, _SPOT, _ONDEMAND)), excess)
+    cancelled = _remove(_trim_order(views, (_ONPREM, _SPOT)), min(excess, returning), True) if returning > 0 else 0
+    _remove(_trim_order(views, (_ONPREM, _SPOT, _ONDEMAND)), excess - cancelled)
+    return cancelled
 
 
 def _cloud(views: list[_Pool]) -> int:
@@ -697,9 +742,12 @@ def _grow(p: _Pool, n: int) -> float:
 # Spot hedge (step 6), kept apart from the steps above
 # ---------------------------------------------------------------------------------------------
 
-HEDGE_STATE_KEY = "@spot-hedge"
-"""Key of the hedge's spare count in ``History.rule_state`` (the pipeline's explicit state; rule names
-cannot start with ``@``)."""
+SPARE_STATE_KEY = "@spot-hedge"
+"""Key of the spares a decision held above its total in ``History.rule_state`` (the pipeline's
+explicit state; rule names cannot start with ``@``): ``{"spare": n}``, the spot hedge's and the
+fallback return's together, with ``"return": m`` where ``m`` of them are replacements for on-demand
+replicas (step 7). The key keeps the name it had when only the hedge held spares: decision logs
+written before read the same."""
 
 
 class _Risk(NamedTuple):
@@ -795,8 +843,182 @@ def _hedge_reason(reason: str, hedge: _Hedge) -> str:
     return _SPOT_HEDGE if hedge.spare > 0 and reason == _PLACED else reason
 
 
-def hedge_spare(rule_state: Mapping[str, Mapping[str, object]]) -> int:
+def held_spare(rule_state: Mapping[str, Mapping[str, object]], part: str = "spare") -> int:
     """The spares the previous decision held above its total (its ``rule_state``): the pipeline
-    takes them off the observed replicas before the rules and safeguards see them."""
-    raw = rule_state.get(HEDGE_STATE_KEY, {}).get("spare", 0)
+    takes them off the observed replicas before the rules and safeguards see them. ``part="return"``:
+    of those, the fallback return's replacements (``place``'s ``returning``)."""
+    held = rule_state.get(SPARE_STATE_KEY)
+    if held is None:  # the common case: no spares were held
+        return 0
+    raw = held.get(part, 0)
     return raw if isinstance(raw, int) and raw > 0 else 0
+
+
+def spare_state(spare: int, returning: int) -> dict[str, int]:
+    """The ``rule_state`` entry for ``spare`` replicas held above the total, ``returning`` of them
+    the fallback return's replacements."""
+    return {"spare": spare, "return": returning} if returning else {"spare": spare}
+
+
+# ---------------------------------------------------------------------------------------------
+# Fallback return (step 7), kept apart from the steps above
+# ---------------------------------------------------------------------------------------------
+
+
+class _Return(NamedTuple):
+    """Step 7's value (replacements ordered above the total), or what step 2's removals released
+    for the replacements of the previous decision; and the events saying so."""
+
+    replicas: int
+    events: list[tuple[str, str]]
+
+
+_NO_RETURN = _Return(0, [])
+
+
+def _return_from_fallback(views: list[_Pool], cap: float | None, max_total: int | None, max_cloud: int | None,
+                          interrupted: frozenset[str], placement: PlacementSpec) -> _Return:
+    """Step 7 (``placement.return_from_fallback``): replacements above the total, on cheaper pools
+    that take replicas, for the on-demand replicas, one on-demand node at a time in step 2's
+    removal order, each only if it saves money and the overlap fits the cap, ``max_total`` and
+    ``max_cloud``. ``interrupted``: spot pools the hedge keeps spares away from (no target either)."""
+    if not placement.return_from_fallback or not _holds_on_demand(views):  # the common case: no on-demand
+        return _NO_RETURN
+    # pools still starting replicas are left alone: they were just ordered because the cheaper
+    # pools could not take them (a spot pool whose launches fail reads available again at once)
+    sources = [p for p in _trim_order(views, (_ONDEMAND,)) if p.ready >= p.replicas]
+    onprem, spot = _return_targets(views, interrupted)
+    if not sources or (not onprem and not spot):
+        return _NO_RETURN
+    targets = onprem + spot
+    start = [p.replicas for p in targets]
+    overlap = _Overlap.of(views, cap, max_total, max_cloud)
+    for src in sources:
+        if not _empty_nodes(src, onprem, spot, overlap, placement.spot_spread_min_pools):
+            break  # dearest first: stop at the first node that cannot be emptied at a saving
+    return _ordered(targets, start, overlap)
+
+
+def _holds_on_demand(views: list[_Pool]) -> bool:
+    """Whether an unpinned on-demand pool holds replicas (a loop that stops early: every decision
+    asks)."""
+    for p in views:
+        if p.tier == _ONDEMAND and p.replicas > 0 and not p.pinned:
+            return True
+    return False
+
+
+def _return_targets(views: list[_Pool], interrupted: frozenset[str]) -> tuple[list[_Pool], list[_Pool]]:
+    """The pools replacements may go to, in step 4's order: on-prem pools and spot pools (not
+    ``interrupted``) that take new replicas and have room. A spot pool still starting replicas is
+    none: an order beyond what the cloud has left would mark it unavailable, and step 1 would then
+    drop the replicas it is starting."""
+    onprem = [p for p in _ranked(views, _ONPREM) if p.replicas < p.capacity]
+    return onprem, [p for p in _ranked(views, _SPOT)
+                    if p.ready >= p.replicas < p.capacity and p.name not in interrupted]
+
+
+@dataclass(slots=True)
+class _Overlap:
+    """Step 7's working state (mutable, private): what the replacements may still add while the
+    on-demand replicas serve on (the cost per hour so far against the cap, the replicas left
+    under ``max_total``, the cloud replicas left under ``max_cloud``), and what those ordered so
+    far free once ready (replicas per on-demand pool; the on-demand nodes' cost per hour, and
+    the new nodes')."""
+
+    cost: float
+    cap: float | None
+    room: float
+    cloud_room: float
+    freed: dict[str, int] = field(default_factory=dict)
+    freed_usd: float = 0.0
+    new_usd: float = 0.0
+
+    @classmethod
+    def of(cls, views: list[_Pool], cap: float | None, max_total: int | None, max_cloud: int | None) -> "_Overlap":
+        room = math.inf if max_total is None else max_total - sum([p.replicas for p in views])
+        cloud_room = math.inf if max_cloud is None else max_cloud - _cloud(views)
+        return cls(sum([p.cost() for p in views]), cap, room, cloud_room)
+
+
+def _empty_nodes(src: _Pool, onprem: list[_Pool], spot: list[_Pool], overlap: _Overlap, spread: int) -> bool:
+    """Replacements for ``src``'s nodes, its fewest-held node first, while each saves money;
+    whether all of them were emptied."""
+    left = src.replicas
+    while left > 0:
+        node = left - (whole_nodes(left, src.per_node) - 1) * src.per_node
+        new = _replace_node(onprem, spot, node, src.price, overlap, spread)
+        if new is None:
+            return False
+        overlap.freed[src.name] = overlap.freed.get(src.name, 0) + node
+        overlap.freed_usd += src.price
+        overlap.new_usd += new
+        left -= node
+    return True
+
+
+def _replace_node(onprem: list[_Pool], spot: list[_Pool], n: int, price: float, overlap: _Overlap,
+                  spread: int) -> float | None:
+    """Add the ``n`` replacements for an on-demand node of ``price`` as step 4 adds replicas:
+    on-prem first (already paid for), then spot spread over the ``spread`` cheapest open pools;
+    the cost per hour of the new nodes they need, or ``None`` (nothing added) if they do not all
+    fit ``overlap`` or cost as much as the node."""
+    if n > overlap.room:
+        return None
+    before = [(p, p.replicas) for p in onprem + spot]
+    on, cost = _fill_tier(onprem, n, 0.0, None)
+    cloud, cost = _fill_spot(spot, int(min(n - on, overlap.cloud_room)), cost, None, spread) if n > on else (0, cost)
+    cap = overlap.cap
+    if on + cloud < n or cost >= price - _EPS_USD or (cap is not None and overlap.cost + cost > cap + _EPS_USD):
+        for p, replicas in before:
+            p.replicas = replicas
+        return None
+    overlap.cost += cost
+    overlap.room -= n
+    overlap.cloud_room -= cloud
+    return cost
+
+
+def _ordered(targets: list[_Pool], start: list[int], overlap: _Overlap) -> _Return:
+    """``fallback return: 4 replacements ordered on gcp-spot-h100 for aws-od-h200 (saves
+    $54.80/h once ready: $84.80/h of on-demand for $30.00/h)``."""
+    ordered = {p.name: p.replicas - n for p, n in zip(targets, start) if p.replicas > n}
+    n = sum(ordered.values())
+    if n <= 0:
+        return _NO_RETURN
+    freed_usd, new_usd = overlap.freed_usd, overlap.new_usd
+    msg = (f"fallback return: {n} replacement{'s' if n > 1 else ''} ordered on {_per_pool(ordered)} "
+           f"for {_per_pool(overlap.freed)} "
+           f"(saves ${freed_usd - new_usd:.2f}/h once ready: ${freed_usd:.2f}/h of on-demand for ${new_usd:.2f}/h)")
+    return _Return(n, [(_FALLBACK_RETURN, msg)])
+
+
+def _per_pool(counts: Mapping[str, int]) -> str:
+    """``gcp-spot-h100`` for one pool, ``onprem-h100 2, gcp-spot-h100 2`` for several."""
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{name} {n}" for name, n in counts.items())
+
+
+def _released(views: list[_Pool], ready: int) -> _Return:
+    """Of the serving on-demand replicas step 2 removed, those released for the previous
+    decision's replacements that serve now (``ready``: those it did not cancel as still starting);
+    the rest of a removal is the demand falling."""
+    released: dict[str, int] = {}
+    left = ready
+    for p in sorted((p for p in views if p.tier == _ONDEMAND and p.kept > p.replicas), key=_removal_key):
+        serving = p.kept - p.replicas - (p.kept - min(p.ready, p.kept))  # not-ready ones went first
+        n = min(serving, left)
+        if n > 0:
+            released[p.name] = n
+            left -= n
+    if not released:
+        return _NO_RETURN
+    where = ", ".join(f"{n} on {name}" for name, n in released.items())
+    return _Return(sum(released.values()), [(_FALLBACK_RETURN, f"fallback return: released {where} (replacements ready)")])
+
+
+def _return_reason(reason: str, released: _Return, back: _Return) -> str:
+    """``FallbackReturn`` where the placement was otherwise unremarkable and ordered or released
+    replacements."""
+    return _FALLBACK_RETURN if (back.replicas > 0 or released.replicas > 0) and reason == _PLACED else reason

@@ -56,6 +56,10 @@ class Reason(str, enum.Enum):
     ON_DEMAND_FALLBACK = "OnDemandFallback"
     SPOT_HEDGE = "SpotHedge"
     """Spare replicas placed away from spot pools with recent interruptions (placement.spot_hedge)."""
+    FALLBACK_RETURN = "FallbackReturn"
+    """Dynamic fallback (placement.return_from_fallback): replacements ordered on cheaper pools for
+    on-demand replicas, above the total, or on-demand replicas released once their replacements
+    serve."""
     BUDGET_CAP_REACHED = "BudgetCapReached"
     COST_PER_TOKEN_CAP_REACHED = "CostPerTokenCapReached"
     WITHIN_BUDGET = "WithinBudget"
@@ -90,3 +94,4 @@ SPOT_POOL_UNAVAILABLE = Reason.SPOT_POOL_UNAVAILABLE.value
 POOL_UNAVAILABLE = Reason.POOL_UNAVAILABLE.value
 ON_DEMAND_FALLBACK = Reason.ON_DEMAND_FALLBACK.value
 SPOT_HEDGE = Reason.SPOT_HEDGE.value
+FALLBACK_RETURN = Reason.FALLBACK_RETURN.value

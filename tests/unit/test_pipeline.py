@@ -32,7 +32,7 @@ from controller.core.model import (
     ScaleEvent,
 )
 from controller.core.pipeline import STAGES, decide
-from controller.core.placement import place
+from controller.core.placement import held_spare, place
 from controller.core.policy import EffectivePolicy
 from controller.core.pricing import placement_cost
 from controller.core.reasons import Reason
@@ -526,8 +526,11 @@ def test_prop_decide_bounds_budget_determinism(case, paused: bool) -> None:
         pool = sc.pools[name]
         assert replicas * sc.model.tp_degree <= pool.max_nodes * pool.gpus_per_node
     assert d.actuate is not paused
-    changed = d.actuate and d.replicas != d.current_replicas
-    assert (d.history.scale_events[-1:] == (ScaleEvent(NOW, d.current_replicas, d.replicas),)) is changed
+    # the scale event is the demand's step: spares (the fallback return's replacements) left out
+    demand = d.replicas - (held_spare(d.history.rule_state) if d.actuate else 0)
+    current = max(0, d.current_replicas - held_spare(hist.rule_state))
+    changed = d.actuate and demand != current
+    assert (d.history.scale_events[-1:] == (ScaleEvent(NOW, current, demand),)) is changed
     assert decide(**kw) == d  # type: ignore[arg-type]
 
 

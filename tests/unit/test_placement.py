@@ -79,9 +79,13 @@ def run(pools: dict[str, PoolSpec], current: dict[str, int], total: int, *, tp: 
          {"onprem": 2, "spot-a": 2, "spot-b": 1, "od": 0}, Reason.PLACED),
         ({"onprem": 2, "spot-a": 2, "spot-b": 2, "od": 2}, 1, Placement(),
          {"onprem": 1, "spot-a": 0, "spot-b": 0, "od": 0}, Reason.PLACED),
-        # no change keeps the current placement even if it is not the cheapest (no churn)
-        ({"onprem": 0, "spot-a": 0, "spot-b": 1, "od": 1}, 2, Placement(),
+        # no change keeps the current placement even if it is not the cheapest (no churn)...
+        ({"onprem": 0, "spot-a": 0, "spot-b": 1, "od": 1}, 2, Placement(return_from_fallback=False),
          {"onprem": 0, "spot-a": 0, "spot-b": 1, "od": 1}, Reason.PLACED),
+        # ... but for an on-demand replica: a replacement on-prem ($4 node for the $10 one), above
+        # the total, the on-demand replica serving on until it is ready (the fallback return)
+        ({"onprem": 0, "spot-a": 0, "spot-b": 1, "od": 1}, 2, Placement(),
+         {"onprem": 1, "spot-a": 0, "spot-b": 1, "od": 1}, Reason.FALLBACK_RETURN),
         # policy restricts pools: replicas outside move in
         ({"od": 2}, 2, Placement(pools=("onprem", "spot-a")),
          {"onprem": 2, "spot-a": 0, "spot-b": 0, "od": 0}, Reason.POOL_UNAVAILABLE),
@@ -302,9 +306,11 @@ def check_capacity_packing_budget_and_cost(sc: Scenario, res: PlacementResult) -
     assert res.cost_per_hour_usd == pytest.approx(placement_cost(sc.model, sc.pools, sc.states, res.replicas))
     if sc.cap is not None:
         assert res.cost_per_hour_usd <= sc.cap + 1e-6
-    assert res.total <= sc.total
+    # the fallback return's replacements are spares above the total (on-demand replicas they
+    # replace serve on until they are ready)
+    assert res.total - res.spare <= sc.total
     if not res.capacity_limited and not res.budget_limited:
-        assert res.total == sc.total
+        assert res.total - res.spare == sc.total
 
 
 def check_scale_in_never_takes_onprem_before_cloud(sc: Scenario, res: PlacementResult) -> None:

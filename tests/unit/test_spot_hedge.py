@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from controller.core.model import History, PoolState
-from controller.core.placement import HEDGE_STATE_KEY
+from controller.core.placement import SPARE_STATE_KEY
 from controller.core.reasons import Reason
 from controller.core.spec import Placement
 from tests.unit import test_pipeline as tp
@@ -97,7 +97,7 @@ def test_a_whole_pool_reclaim_is_absorbed_by_the_spares() -> None:
 
     first, second = ticks(1.0)
     assert first.placement == {"onprem": 4, "spot-a": 4, "spot-b": 4, "od": 0} and first.replicas == 12
-    assert first.history.rule_state[HEDGE_STATE_KEY] == {"spare": 4}
+    assert first.history.rule_state[SPARE_STATE_KEY] == {"spare": 4}
     assert any(s.reason == Reason.SPOT_HEDGE.value for s in first.trace)
     # after the reclaim: the 8 the policy asks for, all already running (no replica ordered)
     assert second.replicas == 8 and second.placement == {"onprem": 4, "spot-a": 4, "spot-b": 0, "od": 0}
@@ -121,4 +121,4 @@ def test_spares_are_not_demand_the_total_does_not_ratchet() -> None:
                       history=d.history, overrides=(), now=tp.NOW, paused=False)
         totals.append(d.replicas)
     assert totals == [12] * 5
-    assert d.placement["spot-b"] == 4 and d.history.rule_state[HEDGE_STATE_KEY] == {"spare": 4}
+    assert d.placement["spot-b"] == 4 and d.history.rule_state[SPARE_STATE_KEY] == {"spare": 4}
