@@ -7,7 +7,7 @@ a distribution of its own) from a seed, so a run is repeatable and the shapes ar
 traces':
 
 ``flash-crowd``      a quiet base, then ten times the load within a minute, fading over 15 minutes;
-                     (every trace lasts an hour, ``idle-burst`` and ``step-up`` an hour and a half)
+                     (every trace lasts an hour; ``idle-burst``, ``step-up`` and ``diurnal`` an hour and a half)
 ``idle-burst``       an hour of near silence, then a 10-minute step burst, then silence again;
 ``sawtooth``         load ramps from low to high over 10 minutes and drops at once, three times;
 ``slow-ramp``        a one-hour ramp from a trickle to the peak and back;
