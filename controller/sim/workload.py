@@ -12,7 +12,8 @@ Two shapes of traffic, both read where they lie (``../shared/data``, never copie
 
 Both rescale: ``time_scale`` compresses or stretches time (0.5: the same requests in half the time,
 twice the rate) and ``load_scale`` multiplies the load (a request trace is thinned, or each request
-gets extra copies with fresh tokens and a sub-second jitter; a rate series is multiplied). The CLI's
+gets extra copies with fresh tokens, spread over the gap to its successor; a rate series is
+multiplied). The CLI's
 ``--peak-replicas N`` picks the load factor so that the busiest minute needs N replicas.
 
 Times are float seconds from the start of the workload (``t_s``); nothing here knows a wall clock.
@@ -109,8 +110,16 @@ class RequestTrace:
 
     def load_scale(self, factor: float, rng: np.random.Generator, jitter_s: float = 1.0) -> "RequestTrace":
         """Thin (``factor < 1``: keep each request with that probability) or multiply (each request
-        gets ``floor(factor)`` or ``ceil(factor)`` instances; the extra ones arrive within
-        ``jitter_s`` after the original with tokens drawn from the trace's own distribution)."""
+        gets ``floor(factor)`` or ``ceil(factor)`` instances; the extra ones arrive uniformly between
+        the original and the next request (the last: over the gap before it), or within ``jitter_s``
+        of it where that gap is shorter, with tokens drawn from the trace's own distribution).
+
+        Spreading the copies over the gap keeps the trace's rate at its own resolution: each gap
+        carries ``factor`` times its requests, as ``factor`` times the users would send. Copies
+        within a fixed second instead stack ``factor`` requests into each request's first second
+        and leave the rest of the gap empty: on a sparse trace scaled many times (a request every
+        10 s, x250 to reach a 16-replica peak) that is a burst of 250 requests a second every 10 s,
+        which no fleet serves within a TTFT target, made by the scaling and not by the trace."""
         if factor <= 0:
             raise ValueError(f"load scale must be > 0, got {factor}")
         n = len(self)
@@ -121,7 +130,11 @@ class RequestTrace:
         copies = np.full(n, whole, dtype=np.int64) + (rng.random(n) < factor - whole)
         extra = copies - 1
         src = np.repeat(np.arange(n), extra)
-        t = np.concatenate([self.arrival_s, self.arrival_s[src] + rng.random(len(src)) * jitter_s])
+        gap = np.diff(self.arrival_s, append=np.nan) if n else np.zeros(0)
+        if n:  # the last request has no successor: its copies take the gap before it
+            gap[-1] = gap[-2] if n > 1 else jitter_s
+        spread = np.maximum(gap, jitter_s)[src]
+        t = np.concatenate([self.arrival_s, self.arrival_s[src] + rng.random(len(src)) * spread])
         p_new, o_new = self.tokens().sample(len(src), rng)
         p = np.concatenate([self.prompt_tokens, p_new])
         o = np.concatenate([self.output_tokens, o_new])

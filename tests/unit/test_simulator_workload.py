@@ -111,6 +111,23 @@ def test_load_scale_multiplies_requests(factor: float) -> None:
     assert 2.2 < second / max(first, 1) < 4.0
 
 
+def test_load_scale_spreads_copies_over_the_gaps_of_a_sparse_trace() -> None:
+    # a request every 10 s, scaled x50: each gap carries about 50 requests, spread over it, not a
+    # burst of 50 in its first second (which no fleet serves within a TTFT target)
+    n = 360
+    tr = RequestTrace("sparse", np.arange(n) * 10.0, np.full(n, 500), np.full(n, 100))
+    scaled = tr.load_scale(50.0, np.random.default_rng(3))
+    assert len(scaled) == 50 * n
+    per_second = np.bincount(scaled.arrival_s.astype(np.int64))
+    assert per_second.max() <= 20  # 5 a second on average; Poisson-like, never the 50-request clump
+    per_gap = np.bincount((scaled.arrival_s // 10.0).astype(np.int64))
+    assert np.all(per_gap[:-1] == 50)  # each gap keeps its share: the rate at the trace's resolution
+    # a dense trace (gaps under a second) keeps the sub-second jitter of before
+    dense = RequestTrace("dense", np.arange(n) * 0.1, np.full(n, 500), np.full(n, 100))
+    out = dense.load_scale(3.0, np.random.default_rng(3))
+    assert out.arrival_s.max() <= dense.arrival_s.max() + 1.0
+
+
 def test_peak_rate_and_profile() -> None:
     rs = RateSeries("r", 60.0, np.array([1.0, 4.0, 2.0, 2.0]), TOKENS)
     assert peak_rate_per_s(rs, 60) == 4.0
