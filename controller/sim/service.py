@@ -46,6 +46,15 @@ INF = math.inf
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
 
+SLO_ATTAINMENT = 0.99
+"""Capacity "at the SLO" is the rate at which this share of requests meets both targets."""
+
+ATTAINABLE_MARGIN = 0.01
+"""Where the SLO is out of reach for some requests whatever the fleet (their prefill alone outlasts
+the TTFT target), capacity at the SLO is sized this far below the share an idle replica attains:
+the point the 99 % target leaves below 100 %."""
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -500,11 +509,19 @@ class FluidReplicaModel:
         single = self.grid.output <= 1  # one-token answers have no TPOT
         return float(np.where(single, ok, ok * tpot_ok).mean())
 
-    def rate_at_slo(self, ttft_s: float, tpot_s: float, attainment: float = 0.99, replicas: int = 1,
+    def idle_attainment(self, ttft_s: float, tpot_s: float) -> float:
+        """Share of requests meeting both targets on an idle replica: the most any number of
+        replicas attains (a prompt whose prefill alone outlasts the TTFT target misses anyway)."""
+        return self.attainment(self.steady(1e-9), ttft_s, tpot_s)
+
+    def rate_at_slo(self, ttft_s: float, tpot_s: float, attainment: float = SLO_ATTAINMENT, replicas: int = 1,
                     shared_queue: bool = False) -> float:
         """Largest per-replica request rate at which at least ``attainment`` of requests meet both
-        targets (0 if even an idle replica misses them), for one of ``replicas`` replicas sharing
-        the arrivals (a pool sustains more per replica than a lone one: :func:`prefill_wait`)."""
+        targets, for one of ``replicas`` replicas sharing the arrivals (a pool sustains more per
+        replica than a lone one: :func:`prefill_wait`). Where even an idle replica attains less
+        than ``attainment`` (prompts whose prefill alone outlasts the TTFT target), the rate at
+        :data:`ATTAINABLE_MARGIN` below what it attains (:meth:`idle_attainment`); 0 where that
+        is nothing."""
         key = (ttft_s, tpot_s, attainment, replicas, shared_queue)
         found = self._at_slo.get(key)
         if found is None:
@@ -513,6 +530,12 @@ class FluidReplicaModel:
 
     def _rate_at_slo(self, ttft_s: float, tpot_s: float, attainment: float, replicas: int,
                      shared_queue: bool) -> float:
+        best = self.idle_attainment(ttft_s, tpot_s)
+        if best < attainment:
+            attainment = best - ATTAINABLE_MARGIN
+            if attainment <= 0:
+                return 0.0
+
         def ok(r: float) -> bool:
             return self.attainment(self.steady(r, replicas, shared_queue), ttft_s, tpot_s) >= attainment
 
