@@ -14,11 +14,13 @@ all starting from ``min_replicas`` ready on-prem):
 - the **hindsight plan** (``controller/sim/hindsight.py``): the cheapest schedule, solved as an
   integer program knowing the whole trace and the spot capacity, under the same bounds, budget,
   provisioning delays and cold starts, replayed like any controller; and the **relaxed bound**
-  (no delays, fractional replicas, mean rates, each replica at the most a pool of them sustains).
-  If any run reaches the plan's attainment for less than the relaxed bound, the bound is wrong:
-  the benchmark says so on stderr and exits 1. A run that reaches it for less than the plan is
-  noted on stderr (``plan_undercut`` in the JSON): the plan is cheapest for its demand model,
-  which is an approximation.
+  (no delays, fractional replicas, mean rates, each replica at the most a pool of them sustains):
+  the least any run can pay to serve the plan's measured attainment's share of the requests within
+  the SLO (``relaxed_bound_cost``; ``relaxed_bound_full_cost``: serving all the demand the plan
+  serves, the bound before attainment counted). If any run reaches the plan's attainment for
+  less than the relaxed bound, the bound is wrong: the benchmark says so on stderr and exits 1.
+  A run that reaches it for less than the plan is noted on stderr (``plan_undercut`` in the
+  JSON): the plan is cheapest for its demand model, which is an approximation.
 
 Traces: the Azure code hour (training: its first 30 minutes; held-out: the second), the Azure
 Functions rate series (training: hours 0-200; held-out: hours 200-400; both scaled so the busiest
@@ -61,7 +63,7 @@ from controller.sim.adversarial import ADVERSARIES, write_azure_csv, write_recla
 from controller.sim.baselines import BaselineSettings, make_controller  # noqa: E402
 from controller.sim.engine import Autoscaler, EngineOptions, simulate  # noqa: E402
 from controller.sim.frontier import KNOBS, MIN_OPERATING_ATTAINMENT, dominates  # noqa: E402
-from controller.sim.hindsight import HindsightController, relaxed_bound_usd, solve_plan  # noqa: E402
+from controller.sim.hindsight import HindsightController, Plan, relaxed_bound_usd, solve_plan  # noqa: E402
 from controller.sim.scenario import EXAMPLES, SHARED_DATA, Scenario, ScenarioError, build_scenario, parse_start  # noqa: E402
 
 FLEET = EXAMPLES / "fleet-llama3-70b.yaml"
@@ -184,13 +186,14 @@ def run_one(case: Case, seed: int, controller: str, setting: Any) -> dict[str, A
     pol = sc.policy
     extra: dict[str, Any] = {}
     ctrl: Autoscaler
+    plan: Plan | None = None
     if controller == "hindsight":
         b = pol.spec.bounds
         t0 = time.perf_counter()
         plan = solve_plan(sc.setup, min_replicas=b.min_replicas, max_replicas=b.max_replicas,
                           max_cost_per_hour_usd=pol.spec.budget.max_cost_per_hour_usd, tick_s=sc.cfg.loop.interval_s)
         extra = {"plan_cost": plan.cost_usd, "solve_s": round(time.perf_counter() - t0, 1),
-                 "relaxed_bound_cost": relaxed_bound_usd(sc.setup, plan, min_replicas=b.min_replicas),
+                 "relaxed_bound_full_cost": relaxed_bound_usd(sc.setup, plan, min_replicas=b.min_replicas),
                  "plan_interval_s": plan.interval_s, "solver": sorted(set(plan.status))}
         ctrl = HindsightController(min_replicas=b.min_replicas, max_replicas=b.max_replicas,
                                    max_cost_per_hour_usd=pol.spec.budget.max_cost_per_hour_usd,
@@ -201,6 +204,12 @@ def run_one(case: Case, seed: int, controller: str, setting: Any) -> dict[str, A
         ctrl = knob_controller(controller, setting, sc.setup, pol, _settings(sc))
     res = simulate(sc.setup, ctrl)
     s = res.summary
+    if plan is not None:
+        # the bound the runs are held to: the least any run pays to reach the plan's attainment
+        a = s["slo_attainment"]
+        m = pol.spec.bounds.min_replicas
+        extra["relaxed_bound_cost"] = (relaxed_bound_usd(sc.setup, plan, min_replicas=m, attainment=a)
+                                       if math.isfinite(a) else extra["relaxed_bound_full_cost"])
     return {"case": case.name, "controller": controller, "setting": setting, "attainment": s["slo_attainment"],
             "cost": s["cost_usd"], "wall_s": round(res.wall_s, 1), "mode": s["mode"], **extra}
 
@@ -233,6 +242,7 @@ def assemble(case: Case, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "hindsight": {"attainment": h["attainment"], "cost": h["cost"], "plan_cost": h["plan_cost"],
                       "solve_s": h["solve_s"], "plan_interval_s": h["plan_interval_s"]},
         "relaxed_bound_cost": h["relaxed_bound_cost"],
+        "relaxed_bound_full_cost": h["relaxed_bound_full_cost"],
         "all_on_demand": {"attainment": aod["attainment"], "cost": aod["cost"]},
         "tidegate_default": {"attainment": default["attainment"], "cost": default["cost"]},
         "frontiers": frontiers,

@@ -32,17 +32,25 @@ nodes and the orders still in flight across each boundary; each chunk is solved 
 ``mip_rel_gap``. The plan is then replayed by :class:`HindsightController` through the same
 ``Controller`` path as every baseline, so its attainment and cost are measured, not assumed.
 
-The **relaxed bound** (:func:`relaxed_bound_usd`) drops every delay and the node granularity: per
-interval, the arrivals' mean rate (no burst allowance, at most what the plan serves) covered at the
-cheapest prices available then (fractional replicas, spot within its trace), each replica at the
-most it sustains at the SLO in the largest pool the fleet holds with one shared queue (no routing
-waits less), and at least ``min_replicas`` replicas at the cheapest replica prices. It is below
-the plan's cost by construction; no run should reach the plan's attainment for less
-(``bench/decision_quality.py`` checks every run and fails loudly if one does: the bound would be
-wrong). Before the capacity was pooled, each replica counted as a lone one (its own M/G/1 prefill
-queue): on 4-12k-token prompts that is ~0.1 req/s where one of four behind the gateway sustains
-~0.55, so the plan bought four times the replicas and the bound sat above runs that kept the SLO
-on four.
+The **relaxed bound** (:func:`relaxed_bound_usd`) drops every delay and the node granularity:
+fractional replicas, spot within its trace, each replica at the most it sustains at the SLO in the
+largest pool the fleet holds with one shared queue (no routing waits less), mean rates (no burst
+allowance), and at least ``min_replicas`` replicas in every interval at the cheapest replica
+prices. Without an attainment it is the cost of serving the demand: per interval, the arrivals'
+mean rate (at most what the plan serves) at the cheapest prices available then; it is below the
+plan's cost by construction. With the plan's measured attainment ``A`` it is below what any run
+pays to reach ``A``: ``A`` of the span's requests meet the SLO; the ``min_replicas`` floor, paid in
+every interval, serves up to its capacity of that interval's arrivals, and the rest are served by
+the capacity the floor leaves, at the cheapest price per request anywhere in the span (no
+interval serving more than its arrivals); never more than the value without an attainment.
+Counting the whole demand put the bound above runs that reach a low attainment for the price of
+the floor alone (a short trace far above the starting fleet: every run, the plan too, meets the
+SLO for a few requests and no more). No run should reach the plan's attainment for less than the
+bound at it (``bench/decision_quality.py`` checks every run and fails loudly if one does: the
+bound would be wrong). Before the capacity was pooled, each replica counted as a lone one (its
+own M/G/1 prefill queue): on 4-12k-token prompts that is ~0.1 req/s where one of four behind the
+gateway sustains ~0.55, so the plan bought four times the replicas and the bound sat above runs
+that kept the SLO on four.
 """
 
 from __future__ import annotations
@@ -57,7 +65,7 @@ from controller.core.model import ModelSpec
 from controller.core.pricing import S_PER_HOUR, pool_price
 from controller.sim.baselines import OracleController, demand_parts
 from controller.sim.engine import Baseline, Observation, SimSetup
-from controller.sim.workload import rate_profile
+from controller.sim.workload import RequestTrace, rate_profile
 
 
 @dataclass(frozen=True)
@@ -350,11 +358,21 @@ def ready_nodes(held: np.ndarray, orders: np.ndarray, pool: PlanPool) -> np.ndar
     return np.maximum(held - recent, 0)
 
 
-def relaxed_bound_usd(setup: SimSetup, plan: Plan, *, min_replicas: int) -> float:
-    """The relaxed lower bound (module doc): per interval, the mean arrival rate (capped at what
-    the plan serves) at the cheapest fractional prices available then, each replica counted at the
-    most it sustains at the SLO in any pool the fleet can hold (one queue for all: no routing does
-    better), and at least ``min_replicas`` replicas at the cheapest replica prices; no delays."""
+def relaxed_bound_usd(setup: SimSetup, plan: Plan, *, min_replicas: int, attainment: float | None = None) -> float:
+    """The relaxed lower bound (module doc): no delays, fractional replicas, each replica counted
+    at the most it sustains at the SLO in any pool the fleet can hold (one queue for all: no
+    routing does better), and at least ``min_replicas`` replicas at the cheapest replica prices.
+
+    ``attainment=None``: the cost of serving the demand, per interval the mean arrival rate
+    (capped at what the plan serves) at the cheapest fractional prices available then.
+    ``attainment=A``: below the cost of any run that serves ``A`` of the span's requests
+    (:func:`interval_requests`) within the SLO: the ``min_replicas`` floor in every interval,
+    which serves up to its capacity of that interval's arrivals, plus the rest of the ``A`` share
+    served by the capacity the floor leaves, at the cheapest price per request anywhere in the
+    span (:func:`cheapest_fill`); never more than the ``attainment=None`` value (anything below a
+    lower bound is one too; where the plan leaves demand unserved, serving every arrival can cost
+    more than serving what the plan serves). Non-decreasing in ``A``; the floor alone where it
+    serves the ``A`` share."""
     g = plan.interval_s
     n = len(plan.demand_rps)
     span_n = setup.span_s / g
@@ -382,11 +400,75 @@ def relaxed_bound_usd(setup: SimSetup, plan: Plan, *, min_replicas: int) -> floa
     by_rep = sorted(plan.pools, key=lambda p: p.usd_per_interval / p.per_node)
     rep_left = np.full(n, float(min_replicas))
     floor = np.zeros(n)
+    in_floor: dict[str, np.ndarray] = {}
     for p in by_rep:
         take = np.minimum(rep_left, p.cap_nodes.astype(np.float64) * p.per_node)
         floor += take / p.per_node * p.usd_per_interval
         rep_left -= take
-    return float((np.maximum(cost, floor) * weights).sum())
+        in_floor[p.name] = take
+    full = float((np.maximum(cost, floor) * weights).sum())
+    if attainment is None:
+        return full
+    arrivals = interval_requests(setup, g, n)
+    # what the floor serves for nothing more: its replicas at the fastest GPU type's rate
+    free = np.minimum(arrivals, (min_replicas - rep_left) * max(best.values()) * g * weights)
+    required = min(max(float(attainment), 0.0), 1.0) * float(arrivals.sum())
+    # extra capacity per interval and pool: the replicas the floor leaves, counted in requests
+    # served in the part of the interval inside the span, at their price per request (the
+    # weight cancels: that part alone is paid for). Why any run pays at least this: it holds at
+    # least the floor's count; take away, pool by pool, its replicas where the floor's are, then as
+    # many more as the floor has left (each priced at least like the floor's dearest, the floor
+    # being the cheapest per replica, and serving at most the fastest rate): the rest fits in what
+    # the floor leaves, costs at most the run's cost less the floor's, and serves at least what
+    # the run serves beyond ``free``.
+    priced = [p for p in plan.pools if rps_per_node[p.name] > 0]
+    price = np.zeros((n, len(priced)))
+    caps = np.zeros((n, len(priced)))
+    for j, p in enumerate(priced):
+        spare = np.maximum(p.cap_nodes.astype(np.float64) * p.per_node - in_floor[p.name], 0.0) / p.per_node
+        price[:, j] = p.usd_per_interval / (rps_per_node[p.name] * g)
+        caps[:, j] = spare * rps_per_node[p.name] * g * weights
+    extra = cheapest_fill(price, caps, arrivals - free, required - float(free.sum()))
+    return min(full, float((floor * weights).sum()) + extra)
+
+
+def interval_requests(setup: SimSetup, interval_s: float, n: int) -> np.ndarray:
+    """Requests arriving in each of ``n`` intervals of ``interval_s`` over the run's span: a
+    request trace's own arrivals up to the span's end (those the engine replays), a rate series'
+    expected requests (its mean rate, :func:`rate_profile`, over the part of the interval inside
+    the span)."""
+    g = interval_s
+    w = setup.workload
+    if isinstance(w, RequestTrace):
+        out = rate_profile(w.head(setup.span_s), g, n * g)[:n] * g
+    else:
+        out = rate_profile(w, g, n * g)[:n] * g
+    if len(out) < n:
+        out = np.concatenate([out, np.zeros(n - len(out))])
+    if not isinstance(w, RequestTrace):
+        out = out * np.clip(setup.span_s / g - np.arange(n), 0.0, 1.0)
+    return out
+
+
+def cheapest_fill(price: np.ndarray, caps: np.ndarray, room: np.ndarray, amount: float) -> float:
+    """The least cost of ``amount`` requests, fractional: interval ``i``'s pool ``p`` serves at
+    most ``caps[i, p]`` of them at ``price[i, p]`` each, and interval ``i`` at most ``room[i]`` in
+    all (arrays ``(n, P)``, ``(n, P)``, ``(n,)``). Each interval's pools cheapest first, then
+    those pieces cheapest first across the span: the linear program's optimum. Where less than
+    ``amount`` can be served, the cost of all that can."""
+    if amount <= 0 or caps.size == 0:
+        return 0.0
+    order = np.argsort(price, axis=1, kind="stable")
+    p_sorted = np.take_along_axis(price, order, axis=1)
+    c_sorted = np.take_along_axis(np.maximum(caps, 0.0), order, axis=1)
+    cum = np.minimum(np.cumsum(c_sorted, axis=1), np.maximum(room, 0.0)[:, None])
+    pieces = np.diff(np.concatenate([np.zeros((len(cum), 1)), cum], axis=1), axis=1).ravel()
+    unit_price = p_sorted.ravel()
+    by = np.argsort(unit_price, kind="stable")
+    pieces, unit_price = pieces[by], unit_price[by]
+    before = np.concatenate([[0.0], np.cumsum(pieces)[:-1]])
+    take = np.clip(amount - before, 0.0, pieces)
+    return float((take * unit_price).sum())
 
 
 class HindsightController(Baseline):

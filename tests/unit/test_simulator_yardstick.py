@@ -1,7 +1,8 @@
 """The yardstick: the hindsight plan is the cheapest schedule (checked against brute force on tiny
 instances), never below the relaxed bound and never dearer than a run that reaches its attainment;
-every controller starts from the same state; frontiers dominate as defined; the adversarial
-traces are seeded; ``--trace-start`` keeps an idle lead."""
+no run reaches the plan's attainment for less than the bound at that attainment, which grows with
+it from the floor to the full-demand bound; every controller starts from the same state; frontiers
+dominate as defined; the adversarial traces are seeded; ``--trace-start`` keeps an idle lead."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from controller.sim.adversarial import ADVERSARIES, write_azure_csv
 from controller.sim.baselines import BASELINES, BaselineSettings, make_controller
 from controller.sim.engine import simulate
 from controller.sim.frontier import KNOBS, dominates, knob_controller
-from controller.sim.hindsight import HindsightController, PlanPool, relaxed_bound_usd, schedule, solve_plan, unserved_penalty
+from controller.sim.hindsight import (HindsightController, PlanPool, cheapest_fill, relaxed_bound_usd, schedule,
+                                      solve_plan, unserved_penalty)
 from controller.sim.workload import read_azure_trace
 from tests.unit import simulator_fixtures as F
 
@@ -140,6 +142,103 @@ def test_no_run_reaches_the_plans_attainment_for_less(small_world) -> None:  # t
             s = simulate(su, knob_controller(name, v, su, pol, base)).summary
             if s["slo_attainment"] >= hs["slo_attainment"]:
                 assert s["cost_usd"] >= hs["cost_usd"] * 0.98, (name, v, s["cost_usd"], hs["cost_usd"])
+
+
+# ---------------------------------------------------------------------------------------------
+# the relaxed bound at the plan's attainment
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def overloaded_world():  # type: ignore[no-untyped-def]
+    """Five minutes at sixteen replicas' worth of load from the on-prem node's four: every run, the
+    plan too, meets the SLO for the first few requests and no more (no cloud node is ready before
+    the queue has grown)."""
+    r = F.rate_at_slo()
+    su = F.setup(F.step_trace(0.0, 300.0, 16 * r, 16 * r), mode="requests", initial_replicas=4)
+    plan = solve_plan(su, min_replicas=4, max_replicas=16, max_cost_per_hour_usd=None)
+    hs = simulate(su, HindsightController(min_replicas=4, max_replicas=16, max_cost_per_hour_usd=None,
+                                          plan=plan)).summary
+    return su, plan, hs
+
+
+def test_at_a_low_attainment_no_run_reaches_it_for_less_than_the_bound(overloaded_world) -> None:  # type: ignore[no-untyped-def]
+    su, plan, hs = overloaded_world
+    a = hs["slo_attainment"]
+    assert a < 0.05
+    bound = relaxed_bound_usd(su, plan, min_replicas=4, attainment=a)
+    full = relaxed_bound_usd(su, plan, min_replicas=4)
+    assert 0 < bound <= hs["cost_usd"]
+    pol = F.policy(min_replicas=4, max_replicas=16)
+    base = BaselineSettings(min_replicas=4, max_replicas=16)
+    reached = []
+    for name, (_, values) in KNOBS.items():
+        for v in (values[0], values[-1]):
+            s = simulate(su, knob_controller(name, v, su, pol, base)).summary
+            if s["slo_attainment"] >= a:
+                reached.append((name, v, s["cost_usd"]))
+                assert s["cost_usd"] >= bound - 1e-6, (name, v, s["cost_usd"], bound)
+    assert reached
+    # the world is the one where serving the whole demand was no bound: a run got there for less
+    assert min(c for _, _, c in reached) < full, (reached, full)
+
+
+def _floor_only_usd(su, plan, min_replicas: int) -> float:  # type: ignore[no-untyped-def]
+    """``min_replicas`` replicas at the cheapest replica price over the span (the fixtures' pools
+    hold them in every interval)."""
+    per_interval = min(p.usd_per_interval / p.per_node for p in plan.pools) * min_replicas
+    return per_interval * su.span_s / plan.interval_s
+
+
+@pytest.mark.parametrize("world, min_replicas", [("small_world", 2), ("overloaded_world", 4)])
+def test_the_bound_grows_with_the_attainment_from_the_floor_to_the_full_demand_bound(
+        world: str, min_replicas: int, request: pytest.FixtureRequest) -> None:
+    got = request.getfixturevalue(world)
+    su, plan = got[0], got[1]
+    full = relaxed_bound_usd(su, plan, min_replicas=min_replicas)
+    floor = _floor_only_usd(su, plan, min_replicas)
+    grid = np.linspace(0.0, 1.0, 41)
+    bounds = [relaxed_bound_usd(su, plan, min_replicas=min_replicas, attainment=float(a)) for a in grid]
+    assert all(b2 >= b1 - 1e-9 for b1, b2 in zip(bounds, bounds[1:])), bounds
+    assert all(floor - 1e-9 <= b <= full + 1e-9 for b in bounds), (floor, full, bounds)
+    # a share the floor serves by itself costs the floor and nothing more ...
+    assert relaxed_bound_usd(su, plan, min_replicas=min_replicas, attainment=1e-4) == pytest.approx(floor, rel=1e-9)
+    # ... and every request costs more than the floor
+    assert bounds[-1] > floor * 1.01
+    # without an attainment it is the full-demand bound as before
+    assert relaxed_bound_usd(su, plan, min_replicas=min_replicas, attainment=None) == full
+
+
+def test_near_full_attainment_the_bound_is_close_to_the_full_demand_bound(small_world) -> None:  # type: ignore[no-untyped-def]
+    # the plan serves the whole ramp here: serving all of it and serving the demand are one thing
+    su, plan = small_world
+    assert plan.unserved_rps.sum() == pytest.approx(0.0, abs=1e-9)
+    full = relaxed_bound_usd(su, plan, min_replicas=2)
+    assert relaxed_bound_usd(su, plan, min_replicas=2, attainment=1.0) >= 0.98 * full
+    assert relaxed_bound_usd(su, plan, min_replicas=2, attainment=0.5) < 0.8 * full
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 4), p=st.integers(1, 3), data=st.data())
+def test_the_cheapest_fill_is_the_linear_programs_optimum(n: int, p: int, data: st.DataObject) -> None:
+    from scipy.optimize import linprog
+
+    price = np.array(data.draw(st.lists(st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]), min_size=n * p,
+                                        max_size=n * p))).reshape(n, p)
+    caps = np.array(data.draw(st.lists(st.sampled_from([0.0, 1.0, 2.5, 4.0]), min_size=n * p,
+                                       max_size=n * p))).reshape(n, p)
+    room = np.array(data.draw(st.lists(st.sampled_from([0.0, 1.0, 3.0, 10.0]), min_size=n, max_size=n)))
+    servable = float(np.minimum(caps.sum(axis=1), room).sum())
+    amount = data.draw(st.floats(0.0, servable + 2.0))
+    got = cheapest_fill(price, caps, room, amount)
+    # y[i, p] >= 0 served by pool p in interval i: y <= caps, sum_p y[i] <= room[i], sum y >= amount
+    a_ub = np.vstack([np.kron(np.eye(n), np.ones((1, p))), -np.ones((1, n * p))])
+    b_ub = np.concatenate([room, [-min(amount, servable)]])
+    lp = linprog(price.ravel(), A_ub=a_ub, b_ub=b_ub, bounds=list(zip(np.zeros(n * p), caps.ravel())))
+    assert lp.status == 0
+    assert got == pytest.approx(lp.fun, rel=1e-9, abs=1e-9)
+    # more requests never cost less
+    assert cheapest_fill(price, caps, room, amount + 1.0) >= got - 1e-12
 
 
 # ---------------------------------------------------------------------------------------------
