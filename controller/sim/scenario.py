@@ -234,14 +234,15 @@ def build_scenario(*, fleet: str | Path, trace: str | Path, fmt: str, policy: st
             raise ScenarioError(
                 f"cannot scale to {peak_replicas:g} replicas: only {100 * best:.1f} % of this trace's requests "
                 f"meet the SLO (TTFT {1000 * slo.ttft_s:g} ms, TPOT {1000 * slo.tpot_s:g} ms) even on an idle "
-                f"{ref} replica (their prefill alone takes longer): nothing to size a replica by; "
-                "raise --ttft-ms (or --tpot-ms) to a target the model can meet")
+                f"{ref} replica (a prefill alone outlasts the TTFT target, or a decode step the TPOT target): "
+                "nothing to size a replica by; raise --ttft-ms (or --tpot-ms) to a target the model can meet")
         if peak <= 0:
             raise ScenarioError(f"cannot scale to {peak_replicas:g} replicas: the trace has no requests")
         if best < SLO_ATTAINMENT:
             notes.append(f"only {100 * best:.1f} % of the requests meet the SLO even on an idle {ref} replica "
-                         "(their prefill alone outlasts the TTFT target): capacity at the SLO is sized at "
-                         f"{100 * (best - ATTAINABLE_MARGIN):.1f} %; no controller can reach {100 * best:.1f} %")
+                         "(a prefill alone outlasts the TTFT target, or a decode step the TPOT target): "
+                         f"capacity at the SLO is sized at {100 * (best - ATTAINABLE_MARGIN):.1f} %; "
+                         f"no controller can reach {100 * best:.1f} %")
         factor = peak_replicas * per / peak
         notes.append(f"load x{factor:.3f}: peak {peak:.2f} req/s (1-min) -> {peak * factor:.2f} req/s = "
                      f"{peak_replicas:g} x {per:.2f} req/s per {ref} replica at the SLO")
