@@ -322,11 +322,13 @@ def read_azure_trace(path: str | Path, name: str | None = None, start: np.dateti
 
 def read_rate_series(path: str | Path, tokens: TokenDistribution, bin_s: float = 60.0,
                      name: str | None = None) -> RateSeries:
-    """Read a two-column CSV (time index, requests in that bin), e.g. ``Time (min),Requests``; the
-    first column orders the bins, the bin width is ``bin_s`` seconds (60 for per-minute series)."""
+    """Read a two-column CSV (bin index, requests in that bin), e.g. ``Time (min),Requests``; the bin
+    width is ``bin_s`` seconds (60 for per-minute series). Each count goes to its bin, counted from
+    the first: rows may come in any order, and a bin with no row holds no requests (an export that
+    leaves out idle minutes keeps its gaps). An index that is not a whole number, a bin given twice,
+    and a count that is negative or not a number are refused with their line."""
     path = Path(path)
-    idx: list[float] = []
-    counts: list[float] = []
+    rows: dict[int, tuple[int, float]] = {}
     with path.open(newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None)
@@ -336,16 +338,24 @@ def read_rate_series(path: str | Path, tokens: TokenDistribution, bin_s: float =
             if not row:
                 continue
             try:
-                idx.append(float(row[0]))
-                counts.append(float(row[1]))
+                at, count = float(row[0]), float(row[1])
             except (IndexError, ValueError) as e:
                 raise ValueError(f"{path}:{lineno}: cannot parse {row!r}: {e}") from e
-    if not counts:
+            if not math.isfinite(at) or at != round(at):
+                raise ValueError(f"{path}:{lineno}: bin index {row[0]!r} is not a whole number (the first column "
+                                 f"counts bins of {bin_s:g} s)")
+            if not math.isfinite(count) or count < 0:
+                raise ValueError(f"{path}:{lineno}: request count {row[1]!r} is not a number >= 0")
+            b = int(at)
+            if b in rows:
+                raise ValueError(f"{path}:{lineno}: bin {b} is given twice (first on line {rows[b][0]})")
+            rows[b] = (lineno, count)
+    if not rows:
         raise ValueError(f"{path}: no rows")
-    order = np.argsort(np.array(idx), kind="stable")
-    c = np.array(counts, dtype=np.float64)[order]
-    if (c < 0).any():
-        raise ValueError(f"{path}: negative request counts")
+    first = min(rows)
+    c = np.zeros(max(rows) - first + 1, dtype=np.float64)
+    for b, (_, count) in rows.items():
+        c[b - first] = count
     return RateSeries(name or path.stem, bin_s, c / bin_s, tokens)
 
 

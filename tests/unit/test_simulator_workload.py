@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -185,3 +186,17 @@ def test_a_curve_series_reads_the_same_rates_as_the_series_built_up_front() -> N
     assert lazy.duration_s == built.duration_s == 1200.0
     assert np.array_equal(lazy.head(61.0).rate_per_s, built.head(61.0).rate_per_s)
     assert np.array_equal(lazy.rate_per_s, built.rate_per_s)
+
+
+def test_rate_series_reader_keeps_gaps_and_refuses_bad_rows_with_their_line(tmp_path: Path) -> None:
+    f = tmp_path / "gaps.csv"
+    f.write_text("Time (min),Requests\n10,60\n12,120\n15,60\n")  # idle minutes left out of an export
+    rs = read_rate_series(f, TOKENS)
+    assert rs.rate_per_s.tolist() == [1.0, 0.0, 2.0, 0.0, 0.0, 1.0]
+    assert rs.expected_requests == pytest.approx(240.0)
+    for body, line, what in (("0,10\n1,nan\n", 3, "not a number"), ("0,10\n1,-5\n", 3, "not a number >= 0"),
+                             ("0,10\n0,20\n", 3, "given twice (first on line 2)"), ("0,10\n0.5,20\n", 3, "whole number")):
+        bad = tmp_path / "bad.csv"
+        bad.write_text("Time (min),Requests\n" + body)
+        with pytest.raises(ValueError, match=rf"bad\.csv:{line}: .*{re.escape(what)}"):
+            read_rate_series(bad, TOKENS)
