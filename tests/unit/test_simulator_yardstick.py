@@ -236,7 +236,7 @@ def test_the_cheapest_fill_is_the_linear_programs_optimum(n: int, p: int, data: 
     b_ub = np.concatenate([room, [-min(amount, servable)]])
     lp = linprog(price.ravel(), A_ub=a_ub, b_ub=b_ub, bounds=list(zip(np.zeros(n * p), caps.ravel())))
     assert lp.status == 0
-    assert got == pytest.approx(lp.fun, rel=1e-9, abs=1e-9)
+    assert got == pytest.approx(lp.fun, rel=1e-7, abs=1e-6)  # HiGHS solves to its own tolerances (1e-7)
     # more requests never cost less
     assert cheapest_fill(price, caps, room, amount + 1.0) >= got - 1e-12
 
