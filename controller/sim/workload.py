@@ -271,6 +271,17 @@ class CurveSeries(RateSeries):
 Workload = RequestTrace | RateSeries
 
 
+def _token_count(text: str) -> int:
+    """A token count as a whole number; ``1619.0`` too (a CSV written through a float column)."""
+    try:
+        return int(text)
+    except ValueError:
+        value = float(text)
+        if not value.is_integer():
+            raise ValueError(f"token count {text.strip()!r} is not a whole number") from None
+        return int(value)
+
+
 def read_azure_trace(path: str | Path, name: str | None = None, start: np.datetime64 | None = None) -> RequestTrace:
     """Read ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Azure LLM inference trace 2023); arrival
     times become seconds after ``start`` (naive UTC; default: the first request, which drops any
@@ -289,8 +300,8 @@ def read_azure_trace(path: str | Path, name: str | None = None, start: np.dateti
                 continue
             try:
                 stamps.append(row[0].strip().replace(" ", "T"))
-                prompts.append(int(row[1]))
-                outputs.append(int(row[2]))
+                prompts.append(_token_count(row[1]))
+                outputs.append(_token_count(row[2]))
             except (IndexError, ValueError) as e:
                 raise ValueError(f"{path}:{lineno}: cannot parse {row!r}: {e}") from e
             if prompts[-1] < 0 or outputs[-1] < 0:

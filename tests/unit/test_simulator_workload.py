@@ -35,6 +35,10 @@ def test_azure_reader_parses_times_and_tokens(tmp_path: Path) -> None:
     assert tr.arrival_s.tolist() == pytest.approx([0.0, 0.052, 1.52004], abs=1e-6)
     assert tr.prompt_tokens.tolist() == [4808, 3180, 34]
     assert tr.output_tokens.tolist() == [10, 8, 1]  # a zero-token answer still yields one token
+    # counts written through a float column (pandas, spreadsheets) read as the same whole numbers
+    g = tmp_path / "floats.csv"
+    g.write_text(f.read_text().replace(",3180,8", ",3180.0,8.0"))
+    assert read_azure_trace(g).prompt_tokens.tolist() == [4808, 3180, 34]
 
 
 @pytest.mark.parametrize("text, needle", [
@@ -44,6 +48,7 @@ def test_azure_reader_parses_times_and_tokens(tmp_path: Path) -> None:
     # the line of a stamp numpy refuses, not only the value
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:04,1,3\nyesterday,1,3\n", ":3: cannot parse the TIMESTAMP"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:04,-5,3\n", ":2: negative token count"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:04,1619.5,3\n", ":2: cannot parse.*not a whole number"),
 ])
 def test_azure_reader_rejects_bad_files(tmp_path: Path, text: str, needle: str) -> None:
     f = tmp_path / "bad.csv"
