@@ -443,10 +443,12 @@ def main(argv: list[str] | None = None) -> int:
             cases = [Case(Path(args.trace).stem, "given", args.trace, args.format, args.peak_replicas, spot,
                           trace_start=args.trace_start, ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms)]
             try:
-                scenario(cases[0], args.seed)  # bad input: one line here, not a traceback per worker
+                sc = scenario(cases[0], args.seed)  # bad input: one line here, not a traceback per worker
             except (ScenarioError, ValueError, OSError) as e:
                 print(f"decision_quality: {e}", file=sys.stderr)
                 return 2
+            for note in sc.notes:  # how the trace was scaled, and what no controller can reach on it
+                print(f"decision_quality: note: {cases[0].name}: {note}", file=sys.stderr)
         else:
             if not SHARED_DATA.exists():
                 print(f"note: the shared data folder {SHARED_DATA} is absent: the shared traces are skipped",

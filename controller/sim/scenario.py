@@ -220,6 +220,11 @@ def build_scenario(*, fleet: str | Path, trace: str | Path, fmt: str, policy: st
     if peak_replicas is not None and load_scale is not None:
         raise ScenarioError("give --load-scale or --peak-replicas, not both")
     if peak_replicas is not None:
+        if not peak_replicas > 0:
+            raise ScenarioError(f"--peak-replicas must be > 0, got {peak_replicas:g}")
+        if pol is not None and peak_replicas > pol.spec.bounds.max_replicas:
+            notes.append(f"the busiest minute needs {peak_replicas:g} replicas and the policy allows at most "
+                         f"{pol.spec.bounds.max_replicas} (bounds.max_replicas): no controller keeps the SLO there")
         ref = setup.reference_gpu()
         per = setup.rate_at_slo(ref)
         # "The peak" is the busiest one-minute rate: the per-replica rate at the SLO is a sustained

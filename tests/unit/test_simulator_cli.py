@@ -134,3 +134,15 @@ def test_a_trace_no_request_of_which_can_meet_the_ttft_target_is_a_clear_error(
     err = capsys.readouterr().err
     assert "0.0 % of this trace's requests meet the SLO" in err and "--ttft-ms" in err
     assert "Traceback" not in err
+
+
+def test_a_peak_the_policy_cannot_reach_is_noted_and_a_zero_peak_refused(
+        azure_csv: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policy = FLEET.parent / "policy-llama3-70b.yaml"  # bounds.max_replicas 32
+    rc = simulate_main(["--trace", str(azure_csv), "--fleet", str(FLEET), "--policy", str(policy),
+                        "--peak-replicas", "40", "--json", "--baselines", "hpa", "--no-progress"])
+    assert rc == 0
+    notes = json.loads(capsys.readouterr().out)["scenario"]["notes"]
+    assert any("needs 40 replicas and the policy allows at most 32" in n for n in notes)
+    assert simulate_main(["--trace", str(azure_csv), "--fleet", str(FLEET), "--peak-replicas", "0", "--no-progress"]) == 2
+    assert "--peak-replicas must be > 0, got 0" in capsys.readouterr().err
