@@ -22,7 +22,7 @@ from controller.core.model import ModelSpec, PoolSpec
 from controller.core.policy import EffectivePolicy
 from controller.errors import ScenarioError  # re-exported: raised here
 from controller.sim.engine import DEFAULT_EPOCH, EngineOptions, SimSetup, SloTargets
-from controller.sim.service import ATTAINABLE_MARGIN, SLO_ATTAINMENT, ReplicaProfile, default_profile_path, load_profile
+from controller.sim.service import SLO_ATTAINMENT, ReplicaProfile, default_profile_path, load_profile
 from controller.sim.spot import DEFAULT_NOTICE_S, SpotModel, SpotTrace, load_spot_trace
 from controller.sim.workload import (
     RateSeries,
@@ -234,7 +234,8 @@ def build_scenario(*, fleet: str | Path, trace: str | Path, fmt: str, policy: st
         # ~3x the scaled peak for seconds, and the oracle needs up to 3x the replicas (48 of the
         # fleet's 72 for --peak-replicas 16) to serve them inside the TTFT target.
         peak = peak_rate_per_s(work, 60.0)
-        best = setup.fluid_model(ref).idle_attainment(slo.ttft_s, slo.tpot_s)
+        fluid = setup.fluid_model(ref)
+        best, sized = fluid.idle_attainment(slo.ttft_s, slo.tpot_s), fluid.attainable(slo.ttft_s, slo.tpot_s)
         if per <= 0:
             raise ScenarioError(
                 f"cannot scale to {peak_replicas:g} replicas: only {100 * best:.1f} % of this trace's requests "
@@ -243,10 +244,10 @@ def build_scenario(*, fleet: str | Path, trace: str | Path, fmt: str, policy: st
                 "nothing to size a replica by; raise --ttft-ms (or --tpot-ms) to a target the model can meet")
         if peak <= 0:
             raise ScenarioError(f"cannot scale to {peak_replicas:g} replicas: the trace has no requests")
-        if best < SLO_ATTAINMENT:
+        if sized < SLO_ATTAINMENT:
             notes.append(f"only {100 * best:.1f} % of the requests meet the SLO even on an idle {ref} replica "
                          "(a prefill alone outlasts the TTFT target, or a decode step the TPOT target): "
-                         f"capacity at the SLO is sized at {100 * (best - ATTAINABLE_MARGIN):.1f} %; "
+                         f"capacity at the SLO is sized at {100 * sized:.1f} %; "
                          f"no controller can reach {100 * best:.1f} %")
         factor = peak_replicas * per / peak
         notes.append(f"load x{factor:.3f}: peak {peak:.2f} req/s (1-min) -> {peak * factor:.2f} req/s = "

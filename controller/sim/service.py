@@ -514,14 +514,19 @@ class FluidReplicaModel:
         replicas attains (a prompt whose prefill alone outlasts the TTFT target misses anyway)."""
         return self.attainment(self.steady(1e-9), ttft_s, tpot_s)
 
+    def attainable(self, ttft_s: float, tpot_s: float, attainment: float = SLO_ATTAINMENT) -> float:
+        """The attainment capacity is sized at: ``attainment``, or :data:`ATTAINABLE_MARGIN` below
+        :meth:`idle_attainment` where an idle replica attains less (0 or less: nothing to size by)."""
+        best = self.idle_attainment(ttft_s, tpot_s)
+        return attainment if best >= attainment else best - ATTAINABLE_MARGIN
+
     def rate_at_slo(self, ttft_s: float, tpot_s: float, attainment: float = SLO_ATTAINMENT, replicas: int = 1,
                     shared_queue: bool = False) -> float:
         """Largest per-replica request rate at which at least ``attainment`` of requests meet both
         targets, for one of ``replicas`` replicas sharing the arrivals (a pool sustains more per
         replica than a lone one: :func:`prefill_wait`). Where even an idle replica attains less
         than ``attainment`` (prompts whose prefill alone outlasts the TTFT target), the rate at
-        :data:`ATTAINABLE_MARGIN` below what it attains (:meth:`idle_attainment`); 0 where that
-        is nothing."""
+        what :meth:`attainable` allows; 0 where that is nothing."""
         key = (ttft_s, tpot_s, attainment, replicas, shared_queue)
         found = self._at_slo.get(key)
         if found is None:
@@ -530,11 +535,9 @@ class FluidReplicaModel:
 
     def _rate_at_slo(self, ttft_s: float, tpot_s: float, attainment: float, replicas: int,
                      shared_queue: bool) -> float:
-        best = self.idle_attainment(ttft_s, tpot_s)
-        if best < attainment:
-            attainment = best - ATTAINABLE_MARGIN
-            if attainment <= 0:
-                return 0.0
+        attainment = self.attainable(ttft_s, tpot_s, attainment)
+        if attainment <= 0:
+            return 0.0
 
         def ok(r: float) -> bool:
             return self.attainment(self.steady(r, replicas, shared_queue), ttft_s, tpot_s) >= attainment

@@ -113,6 +113,14 @@ def _ramp(n: int, lo: float, hi: float) -> list[float]:
     return [r * (lo + (hi - lo) * min(1.0, 2 * i / n)) for i in range(n)]
 
 
+def _planned(su, *, min_replicas: int):  # type: ignore[no-untyped-def]
+    """(setup, the hindsight plan for it, the plan's run summary), with at most 16 replicas."""
+    plan = solve_plan(su, min_replicas=min_replicas, max_replicas=16, max_cost_per_hour_usd=None)
+    hs = simulate(su, HindsightController(min_replicas=min_replicas, max_replicas=16, max_cost_per_hour_usd=None,
+                                          plan=plan)).summary
+    return su, plan, hs
+
+
 @pytest.fixture(scope="module")
 def small_world():  # type: ignore[no-untyped-def]
     su = F.setup(F.rate_series(_ramp(40, 1.0, 6.0)), mode="fluid", seed=2, initial_replicas=2)
@@ -156,10 +164,7 @@ def overloaded_world():  # type: ignore[no-untyped-def]
     the queue has grown)."""
     r = F.rate_at_slo()
     su = F.setup(F.step_trace(0.0, 300.0, 16 * r, 16 * r), mode="requests", initial_replicas=4)
-    plan = solve_plan(su, min_replicas=4, max_replicas=16, max_cost_per_hour_usd=None)
-    hs = simulate(su, HindsightController(min_replicas=4, max_replicas=16, max_cost_per_hour_usd=None,
-                                          plan=plan)).summary
-    return su, plan, hs
+    return _planned(su, min_replicas=4)
 
 
 def test_at_a_low_attainment_no_run_reaches_it_for_less_than_the_bound(overloaded_world) -> None:  # type: ignore[no-untyped-def]
@@ -353,10 +358,7 @@ def test_every_baseline_keeps_the_policys_budget() -> None:
 @pytest.fixture(scope="module")
 def long_prompts():  # type: ignore[no-untyped-def]
     su = F.setup(F.long_prompt_trace(2.2, 1200.0), mode="requests", own_mix=True, initial_replicas=4)
-    plan = solve_plan(su, min_replicas=2, max_replicas=16, max_cost_per_hour_usd=None)
-    hs = simulate(su, HindsightController(min_replicas=2, max_replicas=16, max_cost_per_hour_usd=None,
-                                          plan=plan)).summary
-    return su, plan, hs
+    return _planned(su, min_replicas=2)
 
 
 def test_long_prompts_a_pool_sustains_more_per_replica_than_a_lone_replica(long_prompts) -> None:  # type: ignore[no-untyped-def]
