@@ -12,10 +12,12 @@ rules, in the order they apply:
    with more recent interruptions than ``max_recent_interruptions``) keeps at most its ready
    replicas and takes no new ones. No pool keeps more than its capacity
    (``max_nodes * (gpus_per_node // tp)``: whole replicas of TP GPUs on whole nodes).
-2. **Too many**: remove on-demand first, then spot, on-prem last; most expensive first within a
-   tier (effective cost = node price / replicas per node, live price when known); cloud replicas
-   that are not ready yet go before any that serve (an order still provisioning is cancelled
-   first). With ``max_cloud`` (lead-time economics, ``controller.core.leadtime``) the cloud pools
+2. **Too many**: remove on-demand first, then spot, on-prem last; cloud replicas that are not
+   ready yet go before any that serve (an order still provisioning is cancelled first), dearest
+   first. Within a tier the replicas that serve go so that the nodes they empty save the most per
+   hour (a replica alone on a node pays for the whole node; one off a full node saves nothing),
+   then the most expensive first (effective cost = node price / replicas per node, live price
+   when known). With ``max_cloud`` (lead-time economics, ``controller.core.leadtime``) the cloud pools
    keep at most that many, not-ready ones removed first.
 3. **Budget**: while the cost is above the cap, remove whole nodes' worth of replicas in the same
    order (on-prem last, pinned pools after unpinned ones). The budget beats ``min_replicas``.
@@ -451,19 +453,61 @@ def _removal_key(p: _Pool) -> tuple[int, float, int, str]:
 
 def _remove(order: list[_Pool], excess: int, not_ready_only: bool = False) -> int:
     """Remove up to ``excess`` replicas from ``order``: first those not ready yet, cloud pools only
-    (a cloud order still provisioning is cancelled before a replica that serves), then in order.
+    (a cloud order still provisioning is cancelled before a replica that serves), then tier by
+    tier, emptying the nodes that save the most (:func:`_remove_emptying_nodes`).
     ``not_ready_only``: those not ready yet only, on-prem ones too. Returns the replicas removed."""
     removed = 0
-    for pass_not_ready in (True, False) if not not_ready_only else (True,):
-        for p in order:
-            if removed >= excess:
-                return removed
-            if pass_not_ready and p.tier == _ONPREM and not not_ready_only:
-                continue
-            take = min(p.not_ready() if pass_not_ready else p.replicas, excess - removed)
-            p.replicas -= take
-            removed += take
+    for p in order:
+        if removed >= excess:
+            return removed
+        if p.tier == _ONPREM and not not_ready_only:
+            continue
+        take = min(p.not_ready(), excess - removed)
+        p.replicas -= take
+        removed += take
+    if not_ready_only:
+        return removed
+    for tier in sorted({p.tier for p in order}, reverse=True):  # the order's tiers, higher first
+        if removed >= excess:
+            break
+        removed += _remove_emptying_nodes([p for p in order if p.tier == tier], excess - removed)
     return removed
+
+
+def _remove_emptying_nodes(pools: list[_Pool], excess: int) -> int:
+    """Remove ``excess`` replicas (at most what they hold) from ``pools``, one tier in removal
+    order, so that the nodes they empty save the most per hour; on a tie, from pools earlier in
+    the order (dearest replica-hour first). A replica alone on a node of four costs the whole
+    node, and taking it saves that; taking one of four off a full node saves nothing until the
+    other three go. An exact search over the splits (a tier has a handful of pools and at most
+    ``max_replicas`` go), run only when the total falls. Returns the replicas removed."""
+    excess = min(excess, sum([p.replicas for p in pools]))
+    if excess <= 0:
+        return 0
+    if len(pools) == 1:
+        pools[0].replicas -= excess
+        return excess
+    # best[j]: (saving per hour, preference, replicas taken per pool) for j replicas taken so far
+    best: list[tuple[float, float, tuple[int, ...]] | None] = [(0.0, 0.0, ())] + [None] * excess
+    for i, p in enumerate(pools):
+        rank = float(len(pools) - i)
+        nodes = p.nodes()
+        saved = [(nodes - whole_nodes(p.replicas - k, p.per_node)) * p.price for k in range(min(p.replicas, excess) + 1)]
+        nxt: list[tuple[float, float, tuple[int, ...]] | None] = [None] * (excess + 1)
+        for j, got in enumerate(best):
+            if got is None:
+                continue
+            for k in range(min(p.replicas, excess - j) + 1):
+                cand = (got[0] + saved[k], got[1] + k * rank, (*got[2], k))
+                cur = nxt[j + k]
+                if cur is None or (round(cand[0], 6), cand[1]) > (round(cur[0], 6), cur[1]):
+                    nxt[j + k] = cand
+        best = nxt
+    chosen = best[excess]
+    assert chosen is not None  # excess is at most what the pools hold: some split takes exactly that
+    for p, k in zip(pools, chosen[2]):
+        p.replicas -= k
+    return excess
 
 
 def _trim_excess(views: list[_Pool], want: int, returning: int) -> int:

@@ -391,3 +391,63 @@ def test_placement_says_why_each_pool_got_what_it_got() -> None:
     tied = fleet(pool("a", AWS_SPOT, 2.0, priority=1), pool("b", GCP_SPOT, 2.0, priority=0))
     assert run(tied, {}, 1, spec=Placement(spot_spread_min_pools=1)).why == (
         "b before a: same $2.00 per replica-hour, priority 0 vs 1",)
+
+
+# -- scale-in empties nodes -------------------------------------------------------------------------
+
+def test_scale_in_takes_the_replica_alone_on_a_node_before_one_off_a_full_node() -> None:
+    # spot-a: $26 nodes of 4 ($6.50 a replica-hour), one full node. spot-b: $24 nodes of 4 ($6 a
+    # replica-hour), 5 replicas: a full node and one replica alone on a second. Dearest replica-hour
+    # first would take one of spot-a's four and save nothing; taking spot-b's lone replica saves $24.
+    pools = fleet(pool("spot-a", AWS_SPOT, 26.0, gpus=8, nodes=3), pool("spot-b", GCP_SPOT, 24.0, gpus=8, nodes=3))
+    res = run(pools, {"spot-a": 4, "spot-b": 5}, 8, tp=2, spec=Placement(spot_spread_min_pools=1))
+    assert res.replicas == {"spot-a": 4, "spot-b": 4}
+    assert res.cost_per_hour_usd == pytest.approx(26.0 + 24.0)
+    # with nothing to empty, the dearest replica-hour still goes first
+    res = run(pools, {"spot-a": 4, "spot-b": 4}, 7, tp=2, spec=Placement(spot_spread_min_pools=1))
+    assert res.replicas == {"spot-a": 3, "spot-b": 4}
+
+
+@st.composite
+def scale_ins(draw: st.DrawFn) -> tuple[dict[str, PoolSpec], dict[str, int], int]:
+    """Spot pools only, every replica ready and every pool available (so nothing but the scale-in
+    acts), and a total below what they hold."""
+    pools: dict[str, PoolSpec] = {}
+    current: dict[str, int] = {}
+    for i in range(draw(st.integers(2, 4))):
+        spec = pool(f"spot-{i}", AWS_SPOT, draw(st.integers(1, 60)) / 2, gpus=draw(st.sampled_from([1, 2, 4, 8])),
+                    nodes=draw(st.integers(1, 4)))
+        pools[spec.name] = spec
+        current[spec.name] = draw(st.integers(0, spec.gpus_per_node * spec.max_nodes))
+    held = sum(current.values())
+    return pools, current, draw(st.integers(0, max(0, held - 1)))
+
+
+def _splits(current: dict[str, int], excess: int):
+    """Every way of taking ``excess`` replicas from ``current``."""
+    names = list(current)
+
+    def rec(i: int, left: int):
+        if i == len(names):
+            if left == 0:
+                yield {}
+            return
+        for k in range(min(current[names[i]], left) + 1):
+            for rest in rec(i + 1, left - k):
+                yield {names[i]: current[names[i]] - k, **rest}
+
+    return rec(0, excess)
+
+
+@settings(max_examples=100, deadline=None)
+@given(scale_ins())
+def test_prop_scale_in_keeps_the_cheapest_placement_of_the_replicas_left(case) -> None:
+    # Checked by brute force: of every way to take the excess off the pools as they are, none
+    # costs less per hour than what placement keeps.
+    pools, current, total = case
+    model = model_for(pools)
+    res = run(pools, current, total, spec=Placement(spot_spread_min_pools=1))
+    assert sum(res.replicas.values()) == total
+    assert all(res.replicas[n] <= current[n] for n in pools)  # a scale-in adds nowhere
+    best = min(placement_cost(model, pools, {}, kept) for kept in _splits(current, sum(current.values()) - total))
+    assert res.cost_per_hour_usd == pytest.approx(best)
