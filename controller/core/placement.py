@@ -474,19 +474,36 @@ def _remove(order: list[_Pool], excess: int, not_ready_only: bool = False) -> in
     return removed
 
 
+EXACT_SCALE_IN = 32
+"""A scale-in of at most this many replicas within a tier is placed by an exact search over the
+splits (:func:`_cheapest_split`: pools x replicas squared steps); a larger one by the greedy
+:func:`_empty_nodes_greedily` (pools x nodes steps). Timed with ``place()`` in a script on this
+session's machine: the exact search took 1.8 ms for 32 replicas over six pools, and would have
+taken half a second for 1,000 over four; the greedy one 0.2 ms for 500 of 1,000."""
+
+
 def _remove_emptying_nodes(pools: list[_Pool], excess: int) -> int:
     """Remove ``excess`` replicas (at most what they hold) from ``pools``, one tier in removal
     order, so that the nodes they empty save the most per hour; on a tie, from pools earlier in
     the order (dearest replica-hour first). A replica alone on a node of four costs the whole
     node, and taking it saves that; taking one of four off a full node saves nothing until the
-    other three go. An exact search over the splits (a tier has a handful of pools and at most
-    ``max_replicas`` go), run only when the total falls. Returns the replicas removed."""
+    other three go. Run only when the total falls. Returns the replicas removed."""
     excess = min(excess, sum([p.replicas for p in pools]))
     if excess <= 0:
         return 0
     if len(pools) == 1:
         pools[0].replicas -= excess
         return excess
+    if excess > EXACT_SCALE_IN:
+        return _empty_nodes_greedily(pools, excess)
+    for p, k in zip(pools, _cheapest_split(pools, excess)):
+        p.replicas -= k
+    return excess
+
+
+def _cheapest_split(pools: list[_Pool], excess: int) -> tuple[int, ...]:
+    """Replicas to take from each of ``pools`` (``excess`` in all, at most what they hold) that
+    save the most per hour; ties: from pools earlier in the order. An exact search over the splits."""
     # best[j]: (saving per hour, preference, replicas taken per pool) for j replicas taken so far
     best: list[tuple[float, float, tuple[int, ...]] | None] = [(0.0, 0.0, ())] + [None] * excess
     for i, p in enumerate(pools):
@@ -505,9 +522,51 @@ def _remove_emptying_nodes(pools: list[_Pool], excess: int) -> int:
         best = nxt
     chosen = best[excess]
     assert chosen is not None  # excess is at most what the pools hold: some split takes exactly that
-    for p, k in zip(pools, chosen[2]):
-        p.replicas -= k
-    return excess
+    return chosen[2]
+
+
+def _empty_nodes_greedily(pools: list[_Pool], excess: int) -> int:
+    """:func:`_remove_emptying_nodes` for a large scale-in: empty whole nodes, each time the one
+    that saves the most per replica taken (:func:`_next_node`) while it fits in what is left, then
+    take the rest in removal order. Not always the best split (it is a knapsack); where taking
+    replicas in removal order alone costs less, that."""
+    before = [p.replicas for p in pools]
+    in_order = _take_in_order(pools, excess)
+    by_order = [p.replicas for p in pools]
+    cost_in_order = sum([p.cost() for p in pools])
+    for p, n in zip(pools, before):
+        p.replicas = n
+    left = excess
+    while (node := _next_node(pools, left)) is not None:
+        node[0].replicas -= node[1]
+        left -= node[1]
+    removed = excess - left + _take_in_order(pools, left)
+    if sum([p.cost() for p in pools]) > cost_in_order:
+        for p, n in zip(pools, by_order):
+            p.replicas = n
+        return in_order
+    return removed
+
+
+def _next_node(pools: list[_Pool], left: int) -> tuple[_Pool, int] | None:
+    """The pool whose least-filled node saves the most per replica taken to empty it, and its
+    replicas, among those at most ``left`` (ties: earlier in the order); ``None`` if none fits."""
+    pick: tuple[float, int, _Pool, int] | None = None
+    for i, p in enumerate(pools):
+        on_last = p.replicas - (p.nodes() - 1) * p.per_node if p.per_node > 0 else 1
+        if p.replicas > 0 and p.price > 0 and on_last <= left and (pick is None or p.price / on_last > pick[0]):
+            pick = (p.price / on_last, i, p, on_last)
+    return None if pick is None else (pick[2], pick[3])
+
+
+def _take_in_order(pools: list[_Pool], n: int) -> int:
+    """Take up to ``n`` replicas from ``pools`` in their order; returns how many."""
+    left = n
+    for p in pools:
+        take = min(p.replicas, left)
+        p.replicas -= take
+        left -= take
+    return n - left
 
 
 def _trim_excess(views: list[_Pool], want: int, returning: int) -> int:

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.core.model import ModelSpec, Tier, PoolSpec, PoolState, ReplicaCapacity
-from controller.core.placement import PlacementResult, place, preferred_pool
+from controller.core.placement import EXACT_SCALE_IN, PlacementResult, place, preferred_pool
 from controller.core.pricing import placement_cost, pool_price
 from controller.core.reasons import Reason
 from controller.core.spec import Placement
@@ -409,18 +409,21 @@ def test_scale_in_takes_the_replica_alone_on_a_node_before_one_off_a_full_node()
 
 
 @st.composite
-def scale_ins(draw: st.DrawFn) -> tuple[dict[str, PoolSpec], dict[str, int], int]:
+def scale_ins(draw: st.DrawFn, max_nodes: int = 4, large: bool = False) -> tuple[dict[str, PoolSpec], dict[str, int], int]:
     """Spot pools only, every replica ready and every pool available (so nothing but the scale-in
-    acts), and a total below what they hold."""
+    acts), and a total below what they hold: by at most ``EXACT_SCALE_IN`` replicas, or
+    (``large``) by more."""
     pools: dict[str, PoolSpec] = {}
     current: dict[str, int] = {}
     for i in range(draw(st.integers(2, 4))):
         spec = pool(f"spot-{i}", AWS_SPOT, draw(st.integers(1, 60)) / 2, gpus=draw(st.sampled_from([1, 2, 4, 8])),
-                    nodes=draw(st.integers(1, 4)))
+                    nodes=draw(st.integers(1, max_nodes)))
         pools[spec.name] = spec
         current[spec.name] = draw(st.integers(0, spec.gpus_per_node * spec.max_nodes))
     held = sum(current.values())
-    return pools, current, draw(st.integers(0, max(0, held - 1)))
+    if large:
+        return pools, current, draw(st.integers(0, max(0, held - EXACT_SCALE_IN - 1)))
+    return pools, current, draw(st.integers(max(0, held - EXACT_SCALE_IN), max(0, held - 1)))
 
 
 def _splits(current: dict[str, int], excess: int):
@@ -451,3 +454,27 @@ def test_prop_scale_in_keeps_the_cheapest_placement_of_the_replicas_left(case) -
     assert all(res.replicas[n] <= current[n] for n in pools)  # a scale-in adds nowhere
     best = min(placement_cost(model, pools, {}, kept) for kept in _splits(current, sum(current.values()) - total))
     assert res.cost_per_hour_usd == pytest.approx(best)
+
+
+def _dearest_replica_hour_first(pools: dict[str, PoolSpec], current: dict[str, int], excess: int) -> dict[str, int]:
+    """The rule before nodes counted: take replicas from the dearest replica-hour first."""
+    kept = dict(current)
+    for name in sorted(pools, key=lambda n: (-pools[n].price_per_node_hour_usd / pools[n].gpus_per_node, n)):
+        take = min(kept[name], excess)
+        kept[name] -= take
+        excess -= take
+    return kept
+
+
+@settings(max_examples=100, deadline=None)
+@given(scale_ins(max_nodes=40, large=True))
+def test_prop_a_large_scale_in_is_never_dearer_than_the_dearest_replica_hour_first(case) -> None:
+    # Beyond EXACT_SCALE_IN the split is greedy (a knapsack): no longer the cheapest of all, but
+    # never dearer than the rule it replaced, and still exactly the total.
+    pools, current, total = case
+    model = model_for(pools)
+    res = run(pools, current, total, spec=Placement(spot_spread_min_pools=1))
+    assert sum(res.replicas.values()) == total
+    assert all(res.replicas[n] <= current[n] for n in pools)
+    old = _dearest_replica_hour_first(pools, current, sum(current.values()) - total)
+    assert res.cost_per_hour_usd <= placement_cost(model, pools, {}, old) + 1e-6
