@@ -13,7 +13,11 @@ fleet for the load expected ``lead_time_s`` from now:
   within that window is likely to spike again (bursty LLM traffic comes in trains), and a replica
   released between two spikes would not be back in time for the next one. With ``burst_hold_s`` a
   past peak counts in full for that long and then fades linearly to nothing at the window's end
-  (a spike ten minutes old is a better omen than one fifty minutes old);
+  (a spike ten minutes old is a better omen than one fifty minutes old). With ``burst_fall_to`` a
+  past rate counts only where the load fell away from it, to at most that fraction of it within
+  ``burst_fall_s`` and no higher since (a spike: trains of bursts repeat), or while it is within
+  ``burst_fall_s`` of the latest observation. A rate the load slid down from gradually is a slope, not a burst: its
+  capacity goes with the slope instead of being held for the window (:func:`spikes`);
 
 forecast = max(trend, burst) x ``headroom``; replicas = ceil(forecast / (per-replica capacity at the
 SLO x ``capacity_fraction``)) for requests and for output tokens, the larger of the two. ``headroom``
@@ -83,11 +87,38 @@ def trend_slope(points: Sequence[tuple[float, float]]) -> float:
     return sum((t - mt) * (v - mv) for t, v in points) / den
 
 
+def spikes(points: Sequence[tuple[float, float]], fall_to: float, fall_s: float) -> list[bool]:
+    """Per point of ``points`` (sorted by time): whether the burst allowance may count it under
+    ``burst_fall_to``: every rate observed more than ``fall_s`` after it is at most ``fall_to``
+    times it (the load fell away from it and stayed down), or none has been yet (it is within
+    ``fall_s`` of the latest observation: too young to tell a spike from a slope). One backward
+    pass for the suffix maxima, one forward pass with a second index for the first point past
+    ``t + fall_s``."""
+    n = len(points)
+    suffix = [0.0] * (n + 1)
+    top = -math.inf
+    for i in range(n - 1, -1, -1):
+        v = points[i][1]
+        if v > top:
+            top = v
+        suffix[i] = top
+    suffix[n] = -math.inf
+    out: list[bool] = []
+    j = 0
+    for t, v in points:
+        while j < n and points[j][0] <= t + fall_s:
+            j += 1
+        out.append(j == n or suffix[j] <= fall_to * v)
+    return out
+
+
 def forecast_rate(points: Sequence[tuple[float, float]], now_s: float, lead_s: float, trend_window_s: float,
                   burst_window_s: float, burst_hold_s: float | None = None,
-                  history_start_s: float | None = None) -> tuple[float, float, float]:
+                  history_start_s: float | None = None, fall_to: float | None = None,
+                  fall_s: float = 0.0) -> tuple[float, float, float]:
     """(forecast, trend part, burst part) of a rate ``lead_s`` after ``now_s`` from ``points``
-    (sorted by time, the last one the latest observation). Until the history (observed since
+    (sorted by time, the last one the latest observation); with ``fall_to`` the burst part
+    counts the points :func:`spikes` keeps (and the latest rate). Until the history (observed since
     ``history_start_s``) covers the trend window, the trend is extrapolated over the covered share
     of the lead only: at start-up a few points of a ramp are little evidence, and extrapolating
     them over the full lead held 20 replicas for a 2-replica load. (No trend at all until the
@@ -106,8 +137,9 @@ def forecast_rate(points: Sequence[tuple[float, float]], now_s: float, lead_s: f
     t_trend, t_burst = now_s - trend_window_s, now_s - burst_window_s
     hold = burst_window_s if burst_hold_s is None else min(burst_hold_s, burst_window_s)
     fade = burst_window_s - hold
-    for t, v in points:
-        if t >= t_burst:
+    counted = None if fall_to is None else spikes(points, fall_to, fall_s)
+    for i, (t, v) in enumerate(points):
+        if t >= t_burst and (counted is None or counted[i]):
             age = now_s - t
             w = v if age <= hold or fade <= 0 else v * (1.0 - (age - hold) / fade)
             if w > burst:
@@ -208,6 +240,22 @@ def _push_max(maxima: list[tuple[float, float]], t: float, v: float) -> None:
     maxima.append((t, v))
 
 
+def _first_spike(maxima: Sequence[tuple[float, float]], fall_to: float, fall_s: float) -> float:
+    """The highest rate of a sliding-window maximum (``RunningWindow.maxima``: values falling
+    from the front, the back the latest sample) that :func:`spikes` counts. The highest rate seen
+    after any time is the first entry past it, so the walk needs no other sample; it stops at the
+    first entry counted (a sample left out of the maxima is at most an entry at or after it, which
+    is then counted too: ``fall_to`` is below 1). The latest sample is always counted."""
+    n = len(maxima)
+    j = 0
+    for t, v in maxima:
+        while j < n and maxima[j][0] <= t + fall_s:
+            j += 1
+        if j == n or maxima[j][1] <= fall_to * v:
+            return v
+    return maxima[-1][1]
+
+
 class RunningWindow:
     """Running sums of the fine samples, so a tick costs O(1) instead of a pass over the window.
 
@@ -299,11 +347,13 @@ class RunningWindow:
 
     def forecast(self, name: str, col: int, samples: Sequence[Sample3], peaks: Sequence[Sample3], now_s: float,
                  lead_s: float, trend_window_s: float, burst_window_s: float, burst_hold_s: float | None,
-                 history_start_s: float) -> tuple[float, float, float] | None:
+                 history_start_s: float, fall_to: float | None = None,
+                 fall_s: float = 0.0) -> tuple[float, float, float] | None:
         """What :func:`forecast_rate` gives on the peaks and samples of rate ``name``, from the
         running sums; ``None`` where they cannot tell (then recompute): no sample of that rate,
         or a configuration where the fine samples are not exactly the trend window at full weight
-        (a trend window under two minutes, a burst window or hold shorter than the trend window)."""
+        (a trend window under two minutes, a burst window or hold shorter than the trend window),
+        or, with ``fall_to``, a peak older than the fine samples within the burst window."""
         maxima = self.maxima[name]
         hold = burst_window_s if burst_hold_s is None else min(burst_hold_s, burst_window_s)
         if not maxima or trend_window_s < FINE_MIN_S or hold < trend_window_s:
@@ -311,8 +361,13 @@ class RunningWindow:
         if peaks and peaks[-1][0] >= now_s - trend_window_s:
             return None  # a clock that went back: the peaks reach into the trend window
         latest_t, latest = maxima[-1]
-        burst = maxima[0][1]  # every fine sample is within the hold: full weight
         t_burst = now_s - burst_window_s
+        if fall_to is None:
+            burst = maxima[0][1]  # every fine sample is within the hold: full weight
+        elif any(item[0] >= t_burst and item[col] is not None for item in peaks):
+            return None
+        else:
+            burst = _first_spike(maxima, fall_to, fall_s)
         fade = burst_window_s - hold
         for item in peaks:
             v = item[col]
@@ -355,8 +410,8 @@ class _Fixed(NamedTuple):
     wanted: tuple[str, ...]
     """The rates to forecast, in ``SIGNAL_OF`` order."""
     texts: tuple[str, str, str, str]
-    """``lead_time_s``, ``burst_window_s``, ``headroom`` and ``capacity_fraction`` as the message
-    writes them (``:g``)."""
+    """``lead_time_s``, ``burst_window_s`` (with its unit and ``burst_fall_to``), ``headroom`` and
+    ``capacity_fraction`` as the message writes them (``:g``)."""
 
 
 class Forecast(PolicyKind):
@@ -382,6 +437,19 @@ class Forecast(PolicyKind):
             None, ge=0, le=MAX_WINDOW_S,
             description="Hold a past peak in full for this long, seconds, then fade it linearly "
                         "to nothing at burst_window_s (null: hold it for the whole window).",
+        )
+        burst_fall_to: float | None = Field(
+            None, gt=0, lt=1,
+            description="Count a past peak toward the burst allowance only where the load fell to "
+                        "at most this fraction of it within burst_fall_s and stayed there (a spike: "
+                        "trains of bursts repeat), or while it is younger than burst_fall_s; a peak "
+                        "the load slid down from gradually is a slope, and its capacity goes with "
+                        "it (null: every peak in the window counts).",
+        )
+        burst_fall_s: float = Field(
+            120, ge=0, le=MAX_WINDOW_S,
+            description="With burst_fall_to: how soon after a peak the load must have fallen for "
+                        "the peak to count as a spike, seconds.",
         )
         burst_window_s: float = Field(
             900, ge=0, le=MAX_WINDOW_S,
@@ -425,7 +493,8 @@ class Forecast(PolicyKind):
         keep_s = max(p.history_s, p.burst_window_s, p.trend_window_s)
         return _Fixed(keep_s, max(p.trend_window_s, FINE_MIN_S), max(PEAK_BUCKET_MIN_S, keep_s / PEAK_BUCKETS),
                       tuple(s for s in SIGNAL_OF if s in p.signals),
-                      (f"{p.lead_time_s:g}", f"{p.burst_window_s:g}", f"{p.headroom:g}", f"{p.capacity_fraction:g}"))
+                      (f"{p.lead_time_s:g}", _window_text(p.burst_window_s, p.burst_fall_to, p.burst_fall_s),
+                       f"{p.headroom:g}", f"{p.capacity_fraction:g}"))
 
     def recommend(self, ctx: PolicyContext) -> Recommendation:
         p = self.params
@@ -492,12 +561,12 @@ class Forecast(PolicyKind):
                 continue
             col = 1 if sub == "requests" else 2
             got = running.forecast(sub, col, samples, peaks, now_s, p.lead_time_s, p.trend_window_s,
-                                   p.burst_window_s, p.burst_hold_s, since)
+                                   p.burst_window_s, p.burst_hold_s, since, p.burst_fall_to, p.burst_fall_s)
             if got is None:
                 pts = [(s[0], v) for s in peaks if (v := s[col]) is not None]
                 pts += [(s[0], v) for s in samples if (v := s[col]) is not None]
                 got = forecast_rate(pts, now_s, p.lead_time_s, p.trend_window_s, p.burst_window_s,
-                                    p.burst_hold_s, since)
+                                    p.burst_hold_s, since, p.burst_fall_to, p.burst_fall_s)
             f, trend, burst = got
             need = f * p.headroom
             planned = per_replica[sub] * p.capacity_fraction
@@ -507,7 +576,7 @@ class Forecast(PolicyKind):
             present = max(present, _replicas(values[sub] or 0.0, p.headroom, planned))
             ahead = max(ahead, _replicas(trend, p.headroom, planned))
             parts.append(f"{sub}: now {values[sub]:.4g}, trend {trend:.4g}, peak {burst:.4g} in "
-                         f"{window_text}s -> {f:.4g} x {headroom_text} / ({per_replica[sub]:g} x "
+                         f"{window_text} -> {f:.4g} x {headroom_text} / ({per_replica[sub]:g} x "
                          f"{fraction_text}) = {n}")
             if best is None or n > best[0]:
                 best = (n, sub)
@@ -537,6 +606,14 @@ class Forecast(PolicyKind):
     @staticmethod
     def _state(samples: list[Sample3], peaks: list[Sample3], running: RunningWindow) -> dict[str, Any]:
         return {"samples": tuple(samples), "peaks": tuple(peaks), "running": running.state(samples)}
+
+
+def _window_text(window_s: float, fall_to: float | None, fall_s: float) -> str:
+    """The burst window as the message writes it: ``600s``, or with ``burst_fall_to``
+    ``600s (spikes: fell to 0.7 within 120s)``."""
+    if fall_to is None:
+        return f"{window_s:g}s"
+    return f"{window_s:g}s (spikes: fell to {fall_to:g} within {fall_s:g}s)"
 
 
 def _replicas(rate: float, headroom: float, planned: float) -> int:

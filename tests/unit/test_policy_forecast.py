@@ -181,6 +181,28 @@ def test_a_past_peak_is_held_then_fades() -> None:
     assert faded.replicas < held.replicas == 10  # 900 s after the spike
 
 
+def test_a_spike_is_held_for_the_window_and_a_slope_goes_with_it() -> None:
+    # burst_fall_to: a peak the load fell away from (to 0.7 of it within 2 minutes) is a spike and
+    # is held for the window; one it slid down from is a slope, and only the last two minutes count
+    params = {"burst_window_s": 600, "trend_window_s": 120, "burst_fall_to": 0.7, "burst_fall_s": 120}
+    cliff = [16.0] * 4 + [1.0] * 30  # 7.5 minutes after the cliff
+    slope = [16.0 * 0.98 ** i for i in range(41)]  # 2 % down every 15 s: -17 % in 2 minutes
+    assert run(build(**params), cliff).replicas == math.ceil(16.0 / 1.6)
+    # the latest two minutes count (the oldest of them: 16 x 0.98^32 = 8.4 req/s), not the peak
+    released = run(build(**params), slope)
+    young = 16.0 * 0.98 ** 32
+    assert released.replicas == math.ceil(young / 1.6) == 6, released.message
+    assert "spikes: fell to 0.7 within 120s" in released.message
+    # without it, both hold the 16 req/s peak of the window
+    plain = {k: v for k, v in params.items() if not k.startswith("burst_fall")}
+    assert run(build(**plain), cliff).replicas == run(build(**plain), slope).replicas == 10
+    # the reference computation agrees: a cliff counts, a slope does not, the young part does
+    pts = [(15.0 * i, v) for i, v in enumerate(slope)]
+    assert forecast_rate(pts, pts[-1][0], 0.0, 120.0, 600.0, None, None, 0.7, 120.0)[2] == pytest.approx(young)
+    pts = [(15.0 * i, v) for i, v in enumerate(cliff)]
+    assert forecast_rate(pts, pts[-1][0], 0.0, 120.0, 600.0, None, None, 0.7, 120.0)[2] == 16.0
+
+
 def test_trend_slope_and_forecast_rate() -> None:
     assert trend_slope([]) == 0.0 and trend_slope([(0.0, 1.0)]) == 0.0
     assert trend_slope([(0.0, 1.0), (10.0, 3.0), (20.0, 5.0)]) == pytest.approx(0.2)
@@ -286,8 +308,10 @@ def test_running_sums_equal_the_recomputed_window(data: st.DataObject,
     window = data.draw(st.sampled_from([0.0, 300.0, 900.0, 3600.0]))
     hold = data.draw(st.one_of(st.none(), st.sampled_from([0.0, 300.0, 600.0, 3600.0])))
     lead = data.draw(st.sampled_from([0.0, 480.0]))
+    fall_to = data.draw(st.sampled_from([None, 0.5, 0.9]))
+    fall_s = data.draw(st.sampled_from([0.0, 60.0, 120.0, 400.0]))
     kind = build(trend_window_s=trend, burst_window_s=window, burst_hold_s=hold, lead_time_s=lead,
-                 history_s=data.draw(st.sampled_from([300.0, 1800.0])))
+                 history_s=data.draw(st.sampled_from([300.0, 1800.0])), burst_fall_to=fall_to, burst_fall_s=fall_s)
     state: Any = {}
     now = T0
     compared = 0
@@ -300,11 +324,17 @@ def test_running_sums_equal_the_recomputed_window(data: st.DataObject,
         assert running.state(samples) == rec.state["running"]  # the state's sums describe its samples
         since = -math.inf if peaks else (samples[0][0] if samples else now.timestamp())
         for name, col in COLUMNS:
-            got = running.forecast(name, col, samples, peaks, now.timestamp(), lead, trend, window, hold, since)
+            got = running.forecast(name, col, samples, peaks, now.timestamp(), lead, trend, window, hold, since,
+                                   fall_to, fall_s)
+            pts = [(s[0], v) for s in peaks + samples if (v := s[col]) is not None]
+            if fall_to is not None and pts:
+                # spikes only: never more than every peak, never less than the latest rate
+                plain = forecast_rate(pts, now.timestamp(), lead, trend, window, hold, since)[2]
+                spiky = forecast_rate(pts, now.timestamp(), lead, trend, window, hold, since, fall_to, fall_s)[2]
+                assert pts[-1][1] - 1e-9 <= spiky <= plain + 1e-9
             if got is None:
                 continue  # a configuration the sums cannot answer: recomputed in recommend()
-            pts = [(s[0], v) for s in peaks + samples if (v := s[col]) is not None]
-            want = forecast_rate(pts, now.timestamp(), lead, trend, window, hold, since)
+            want = forecast_rate(pts, now.timestamp(), lead, trend, window, hold, since, fall_to, fall_s)
             assert got == pytest.approx(want, rel=1e-9, abs=1e-9)
             compared += 1
     # where the fine samples are the trend window at full weight, a tick with a rate is answered
