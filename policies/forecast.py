@@ -364,8 +364,8 @@ class RunningWindow:
         t_burst = now_s - burst_window_s
         if fall_to is None:
             burst = maxima[0][1]  # every fine sample is within the hold: full weight
-        elif any(item[0] >= t_burst and item[col] is not None for item in peaks):
-            return None
+        elif peaks and peaks[-1][0] >= t_burst and any(item[0] >= t_burst and item[col] is not None for item in peaks):
+            return None  # time-ordered: none within the window unless the latest is
         else:
             burst = _first_spike(maxima, fall_to, fall_s)
         fade = burst_window_s - hold
