@@ -442,7 +442,8 @@ class Forecast(PolicyKind):
             None, gt=0, lt=1,
             description="Count a past peak toward the burst allowance only where the load fell to "
                         "at most this fraction of it within burst_fall_s and stayed there (a spike: "
-                        "trains of bursts repeat), or while it is younger than burst_fall_s; a peak "
+                        "trains of bursts repeat), or while the latest observation is within "
+                        "burst_fall_s of it (too young to tell); a peak "
                         "the load slid down from gradually is a slope, and its capacity goes with "
                         "it (null: every peak in the window counts).",
         )
