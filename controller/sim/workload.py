@@ -2,9 +2,10 @@
 
 Two shapes of traffic, both read where they lie (``../shared/data``, never copied):
 
-- A *request trace* in the Azure LLM inference format (``TIMESTAMP,ContextTokens,GeneratedTokens``,
-  Patel et al., Splitwise, ISCA'24): every request with its arrival time and token counts, replayed
-  request by request.
+- A *request trace* in the Azure LLM inference format (``TIMESTAMP,ContextTokens,GeneratedTokens``:
+  the 2023 traces, Patel et al., Splitwise, ISCA'24, and the 2024 week traces, Stojkovic et al.,
+  DynamoLLM, HPCA'25, whose stamps carry a UTC offset): every request with its arrival time and
+  token counts, replayed request by request.
 - A *rate series* (requests per minute, e.g. the Azure Functions series cleaned for SpotHedge):
   only counts per bin. Requests are drawn from it (Poisson arrivals, uniform within each bin) with
   prompt and output token counts drawn *jointly* from a request trace's empirical distribution, so
@@ -282,35 +283,101 @@ def _token_count(text: str) -> int:
         return int(value)
 
 
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+"""The Azure LLM inference traces' header (2023 and 2024 releases alike)."""
+
+
+def _split_offset(stamp: str) -> tuple[str, int]:
+    """(``stamp`` without its UTC offset, the offset in minutes east of UTC). The 2024 Azure traces
+    write ``2024-05-10 00:00:00.009930+00:00`` (and ``...00:00:00+00:00`` where the fraction is
+    zero); ISO writers also give ``Z`` and ``+0200``. A stamp without a time of day is left as is."""
+    if stamp[-1:] in ("Z", "z") and ":" in stamp:
+        return stamp[:-1], 0
+    n = len(stamp)
+    if n > 6 and stamp[-6] in "+-" and stamp[-3] == ":":
+        body, sign, hh, mm = stamp[:-6], stamp[-6], stamp[-5:-3], stamp[-2:]
+    elif n > 5 and stamp[-5] in "+-":
+        body, sign, hh, mm = stamp[:-5], stamp[-5], stamp[-4:-2], stamp[-2:]
+    else:
+        return stamp, 0
+    if ":" not in body or not (hh.isdigit() and mm.isdigit()):
+        return stamp, 0
+    minutes = int(hh) * 60 + int(mm)
+    return body, -minutes if sign == "-" else minutes
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def read_azure_trace(path: str | Path, name: str | None = None, start: np.datetime64 | None = None) -> RequestTrace:
-    """Read ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Azure LLM inference trace 2023); arrival
-    times become seconds after ``start`` (naive UTC; default: the first request, which drops any
-    idle lead before it)."""
+    """Read ``TIMESTAMP,ContextTokens,GeneratedTokens`` (the Azure LLM inference traces, 2023 and
+    2024); arrival times become seconds after ``start`` (naive UTC; default: the first request,
+    which drops any idle lead before it).
+
+    TIMESTAMP is a date and time (``2023-11-16 18:17:03.9799600``, or with a UTC offset as the 2024
+    traces write it, ``2024-05-10 00:00:00.009930+00:00``: an offset is applied, so stamps in
+    different offsets compare as the instants they are), or a number of seconds (a trace converted
+    from another format: times relative to any origin; ``start`` then does not apply). A byte-order
+    mark and CRLF line ends are read as a spreadsheet writes them; rows may come in any order."""
     path = Path(path)
     stamps: list[str] = []
+    offsets: list[int] = []  # minutes east of UTC, per row; empty while every row has none
     prompts: list[int] = []
     outputs: list[int] = []
-    with path.open(newline="") as f:
+    with path.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         header = next(reader, None)
-        if header is None or [h.strip() for h in header[:3]] != ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]:
-            raise ValueError(f"{path}: expected header TIMESTAMP,ContextTokens,GeneratedTokens, got {header}")
+        if header is None or [h.strip().lower() for h in header[:3]] != [c.lower() for c in AZURE_COLUMNS]:
+            raise ValueError(f"{path}: expected header {','.join(AZURE_COLUMNS)}, got {header}")
         for lineno, row in enumerate(reader, start=2):
             if not row:
                 continue
             try:
-                stamps.append(row[0].strip().replace(" ", "T"))
+                stamp, offset = _split_offset(row[0].strip())
+                stamps.append(stamp.replace(" ", "T"))
                 prompts.append(_token_count(row[1]))
                 outputs.append(_token_count(row[2]))
             except (IndexError, ValueError) as e:
                 raise ValueError(f"{path}:{lineno}: cannot parse {row!r}: {e}") from e
+            if offset or offsets:
+                if not offsets:
+                    offsets = [0] * (len(stamps) - 1)
+                offsets.append(offset)
             if prompts[-1] < 0 or outputs[-1] < 0:
                 raise ValueError(f"{path}:{lineno}: negative token count in {row!r}: ContextTokens and "
                                  "GeneratedTokens are counts, 0 or more")
     if not stamps:
         raise ValueError(f"{path}: no requests")
+    if _is_number(stamps[0]):
+        t = _seconds(path, stamps)
+        if start is not None:
+            raise ValueError(f"{path}: TIMESTAMP holds seconds, not dates: a trace start does not apply "
+                             "(leave --trace-start out; the first request is t = 0)")
+        t = t - t.min()
+    else:
+        ts = _datetimes(path, stamps)
+        if offsets:
+            ts = ts - np.array(offsets, dtype="timedelta64[m]").astype("timedelta64[ns]")
+        origin = ts.min() if start is None else np.datetime64(start, "ns")
+        if ts.min() < origin:
+            raise ValueError(f"{path}: the trace start {origin} is after its first request {ts.min()}: "
+                             "pass a start at or before it")
+        t = (ts - origin).astype(np.int64) / 1e9
+    order = np.argsort(t, kind="stable")
+    # Zero-token outputs still cost a prefill and yield one token in practice: count them as one.
+    out = np.maximum(np.array(outputs, dtype=np.int64), 1)
+    return RequestTrace(name or path.stem, t[order], np.array(prompts, dtype=np.int64)[order], out[order])
+
+
+def _datetimes(path: Path, stamps: list[str]) -> np.ndarray:
+    """The stamps (offsets removed) as naive ``datetime64[ns]``, or the line of the first refused."""
     try:
-        ts = np.array(stamps, dtype="datetime64[ns]")
+        return np.array(stamps, dtype="datetime64[ns]")
     except ValueError:
         # numpy names the value, not the line: find the first stamp it refuses (the error path only)
         for lineno, stamp in enumerate(stamps, start=2):
@@ -318,17 +385,24 @@ def read_azure_trace(path: str | Path, name: str | None = None, start: np.dateti
                 np.datetime64(stamp, "ns")
             except ValueError as e:
                 raise ValueError(f"{path}:{lineno}: cannot parse the TIMESTAMP {stamp.replace('T', ' ')!r}: {e}; "
-                                 "expected e.g. 2023-11-16 18:15:46.6805900") from e
+                                 "expected e.g. 2023-11-16 18:15:46.6805900, 2024-05-10 00:00:00.009930+00:00 "
+                                 "or seconds") from e
         raise
-    origin = ts.min() if start is None else np.datetime64(start, "ns")
-    if ts.min() < origin:
-        raise ValueError(f"{path}: the trace start {origin} is after its first request {ts.min()}: "
-                         "pass a start at or before it")
-    t = (ts - origin).astype(np.int64) / 1e9
-    order = np.argsort(t, kind="stable")
-    # Zero-token outputs still cost a prefill and yield one token in practice: count them as one.
-    out = np.maximum(np.array(outputs, dtype=np.int64), 1)
-    return RequestTrace(name or path.stem, t[order], np.array(prompts, dtype=np.int64)[order], out[order])
+
+
+def _seconds(path: Path, stamps: list[str]) -> np.ndarray:
+    """The stamps as seconds (a numeric TIMESTAMP column), or the line of the first that is not one."""
+    try:
+        t = np.array(stamps, dtype=np.float64)
+    except ValueError:
+        t = None
+    if t is None or not np.isfinite(t).all():
+        for lineno, stamp in enumerate(stamps, start=2):
+            if not _is_number(stamp) or not math.isfinite(float(stamp)):
+                raise ValueError(f"{path}:{lineno}: TIMESTAMP {stamp!r} is not a number of seconds, as the "
+                                 "first row's is (a column holds seconds or dates, not both)")
+    assert t is not None
+    return t
 
 
 def read_rate_series(path: str | Path, tokens: TokenDistribution, bin_s: float = 60.0,

@@ -41,6 +41,47 @@ def test_azure_reader_parses_times_and_tokens(tmp_path: Path) -> None:
     assert read_azure_trace(g).prompt_tokens.tolist() == [4808, 3180, 34]
 
 
+def test_azure_reader_reads_the_2024_traces_utc_offsets(tmp_path: Path) -> None:
+    # the 2024 release writes an offset on every stamp, and drops the fraction where it is zero
+    f = tmp_path / "week.csv"
+    f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2024-05-12 00:00:00.001163+00:00,1452,3\n"
+                 "2024-05-12 00:00:00+00:00,584,3\n"
+                 "2024-05-12 00:00:01.5+00:00,862,38\n")
+    tr = read_azure_trace(f)  # filterwarnings=error: numpy's deprecated tz parsing would fail here
+    assert tr.arrival_s.tolist() == pytest.approx([0.0, 0.001163, 1.5], abs=1e-9)
+    assert tr.prompt_tokens.tolist() == [584, 1452, 862]
+    # an offset is applied: the same instants written in three offsets are one trace
+    g = tmp_path / "zones.csv"
+    g.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2024-05-12 02:00:01.5+02:00,862,38\n"
+                 "2024-05-11T19:00:00-05:00,584,3\n"
+                 "2024-05-12T00:00:00.001163Z,1452,3\n")
+    assert read_azure_trace(g).arrival_s.tolist() == pytest.approx(tr.arrival_s.tolist(), abs=1e-9)
+    h = tmp_path / "compact.csv"
+    h.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-12 01:00:00+0100,1,1\n2024-05-12 00:00:02+0000,1,1\n")
+    assert read_azure_trace(h).arrival_s.tolist() == [0.0, 2.0]
+    # a trace start is an instant too: the idle lead before the first request is kept
+    start = np.datetime64("2024-05-11T23:59:00", "ns")
+    assert read_azure_trace(f, start=start).arrival_s[0] == pytest.approx(60.0)
+
+
+def test_azure_reader_takes_a_spreadsheet_export_and_seconds(tmp_path: Path) -> None:
+    # a byte-order mark and CRLF line ends (Excel's CSV UTF-8), the header in another case
+    f = tmp_path / "excel.csv"
+    f.write_bytes(b"\xef\xbb\xbftimestamp,contexttokens,generatedtokens\r\n"
+                  b"2023-11-16 18:17:03.9799600,4808,10\r\n2023-11-16 18:17:04.0319600,3180,8\r\n")
+    assert read_azure_trace(f).arrival_s.tolist() == pytest.approx([0.0, 0.052], abs=1e-9)
+    # seconds since any origin (a trace converted from another format): times from the first
+    g = tmp_path / "seconds.csv"
+    g.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n12.5,100,10\n10.0,200,20\n11,300,30\n")
+    tr = read_azure_trace(g)
+    assert tr.arrival_s.tolist() == [0.0, 1.0, 2.5]
+    assert tr.prompt_tokens.tolist() == [200, 300, 100]
+    with pytest.raises(ValueError, match="seconds, not dates"):
+        read_azure_trace(g, start=np.datetime64("2024-01-01T00:00:00", "ns"))
+
+
 @pytest.mark.parametrize("text, needle", [
     ("a,b,c\n1,2,3\n", "expected header"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:04,x,3\n", ":2: cannot parse"),
@@ -49,6 +90,11 @@ def test_azure_reader_parses_times_and_tokens(tmp_path: Path) -> None:
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:04,1,3\nyesterday,1,3\n", ":3: cannot parse the TIMESTAMP"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:04,-5,3\n", ":2: negative token count"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:04,1619.5,3\n", ":2: cannot parse.*not a whole number"),
+    # a column of seconds with a date in it, and one with a value that is no time at all
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n1.5,1,3\n2023-11-16 18:17:04,1,3\n", ":3: TIMESTAMP .* not a number of seconds"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n1.5,1,3\ninf,1,3\n", ":3: TIMESTAMP 'inf' is not a number of seconds"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-12 00:00:00+00:00,1,3\n2024-05-12 00:00:61+00:00,1,3\n",
+     ":3: cannot parse the TIMESTAMP '2024-05-12 00:00:61'"),
 ])
 def test_azure_reader_rejects_bad_files(tmp_path: Path, text: str, needle: str) -> None:
     f = tmp_path / "bad.csv"
