@@ -164,13 +164,23 @@ class Serving(Fleet):
 
 
     def _fluid_lost(self, pod: _Pod) -> None:
+        """A pod gone mid-flight: the requests it held (its batch and its waiting) go back to the
+        gateway to be served again, and they count as missing the SLO, as in request mode, where a
+        retried request keeps its first arrival: the credit they were given when their service
+        began is taken back (at the pod's rate with no wait, the most they were credited) and
+        their second service earns none. Counted twice, a fleet that loses pods often read over
+        100 % attainment (a day of spot interruptions under a large HPA fleet: 100.01 %)."""
         g = self.fluid_groups.get(pod.gpu)
         if g is None:
             return
         r, st = g
         held = st.batch + r * st.mean_wait_s
         if held > 0:
-            self.backlog.appendleft([self.now, held])
+            entry = self._fluid_entry(pod.gpu, r)[1]
+            self.fluid_ok = max(0.0, self.fluid_ok - held * entry[1])
+            self.fluid_ok_ttft = max(0.0, self.fluid_ok_ttft - held * entry[2])
+            self.fluid_ok_tpot = max(0.0, self.fluid_ok_tpot - held * entry[3])
+            self.backlog.appendleft([self.now, held, 0.0])
             self.fluid_retried += held
 
 
@@ -199,17 +209,17 @@ class Serving(Fleet):
         for gpu, c in counts.items():
             cap += c * fm[gpu][1]
         budget = cap * step
-        chunks: list[tuple[float, float]] = []
+        chunks: list[tuple[float, float, float]] = []  # (wait, requests, SLO credit: 0 for a retry)
         while backlog and budget > 1e-9:
             b = backlog[0]
             take = b[1] if b[1] < budget else budget
-            chunks.append((now - b[0], take))
+            chunks.append((now - b[0], take, b[2] if len(b) > 2 else 1.0))
             budget -= take
             b[1] -= take
             if b[1] <= 1e-9:
                 backlog.popleft()
         served = 0.0
-        for _, part in chunks:
+        for _, part, _ in chunks:
             served += part
         s_rate = served / step
         groups: dict[str, tuple[float, SteadyState]] = {}
@@ -233,7 +243,7 @@ class Serving(Fleet):
                 continue
             if entry[7] > p99:
                 p99 = entry[7]
-            for wait, cnt in chunks:
+            for wait, cnt, credit in chunks:
                 k = cnt * share
                 if wait <= 0.0:
                     att, att_t, att_p = entry[1], entry[2], entry[3]
@@ -252,9 +262,10 @@ class Serving(Fleet):
                         self.fluid_hist_tpot = hist_add(self.fluid_hist_tpot, k * h_p)
                         self.rec_hist_ttft = hist_add(self.rec_hist_ttft, kt)
                         self.rec_hist_e2e = hist_add(self.rec_hist_e2e, ke)
-                self.fluid_ok += k * att
-                self.fluid_ok_ttft += k * att_t
-                self.fluid_ok_tpot += k * att_p
+                if credit:
+                    self.fluid_ok += k * att
+                    self.fluid_ok_ttft += k * att_t
+                    self.fluid_ok_tpot += k * att_p
         self.fluid_groups = groups
         self.fluid_served += served
         self.cum_out_tokens += served * self.mean_out
