@@ -88,6 +88,21 @@ PRESSURE_CAP = 2.0
 cold start into a backlog reads hundreds of times the SLO; smoothed unclipped, that reading would
 decay for many ``tau_s`` and, easing all the while, hide the real pressure that follows."""
 
+FLOOR_CAP = 0.7
+"""The latency floor counts up to this share of the TTFT target. A higher one is a tail no fleet
+serves within the SLO (prompts whose prefill alone nears the target): the rest of the requests
+still need the last 30 % of the target kept for waiting, so what the TTFT reads above this share
+still counts."""
+
+FLOOR_RISE_PER_MIN = 0.002
+"""How fast the latency floor climbs toward readings above it, in TTFT-target shares per minute (0.6
+in an hour): slower than any backlog or burst lasts, so that only a latency every load shows
+becomes floor."""
+
+FLOOR_MIX_CHANGE = 0.25
+"""The floor is measured afresh when the mix's mean prompt moves by more than this share from the
+one it was measured on (a floor is the prefill of the mix's longest prompts)."""
+
 REFERENCE_PROMPT_TOKENS = 1000.0
 REFERENCE_OUTPUT_TOKENS = 250.0
 """The mix at which a capacity given only as prefill/decode tokens/s is quoted as requests/s and
@@ -205,7 +220,18 @@ class Observed:
     pressure: float | None = None
     """How close the replicas are to the SLO, 1 = at it: the largest of the queue per ready replica
     over its target, the mean wait (queue over request rate, Little's law) over
-    ``wait_fraction`` of the TTFT target, and p99 latency over its target (``None``: none known)."""
+    ``wait_fraction`` of the TTFT target where no p99 TTFT is measured, and p99 latency over its
+    target (``None``: none known). The p99 TTFT comes apart (``ttft_ratio``)."""
+    ttft_ratio: float | None = None
+    """p99 TTFT over its target (``None``: not measured). What of it counts is what lies above the
+    latency floor (:func:`_latency_pressure`), and only while requests wait (``queued``)."""
+    queued: bool = True
+    """Requests were waiting at this observation: a p99 TTFT with none waiting is the window's
+    memory of a backlog already served, so it counts toward pressure only with a queue (it still
+    measures the floor)."""
+    prompt_tokens: float | None = None
+    """Mean prompt tokens per request of the mix served (the floor is the mix's: a new mix measures
+    it afresh)."""
 
 
 def _smooth(old: float | None, new: float, dt: float, tau_s: float) -> float:
@@ -349,6 +375,52 @@ def _between(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning, pla
     return u, evidence
 
 
+def _latency_pressure(state: Mapping[str, Any], obs: Observed, dt: float, cfg: CapacityLearning,
+                      new: dict[str, Any]) -> float | None:
+    """The p99 TTFT's pressure above its latency floor, ``(r - floor) / (1 - floor)`` for a reading
+    ``r`` of the TTFT over its target (1 stays "at the SLO"), the floor at most ``FLOOR_CAP``;
+    ``None`` when it says nothing of capacity (not measured, or no request waiting). Records the
+    floor in ``new``.
+
+    Why: a TTFT is the wait for a replica plus the prefill of the prompt itself, and more replicas
+    shorten only the wait. Where the mix has long prompts, the p99 TTFT of an idle fleet is already
+    a large share of the target (a day of prompts up to 8,000 tokens read 0.6-0.67 of 1.5 s at
+    every fleet size), and read as pressure it halved the learned capacity again and again while
+    requests hardly queued. The floor is the lower envelope of the smoothed readings: it falls at
+    once to a lower one and climbs toward higher ones by at most ``FLOOR_RISE_PER_MIN``, so only a
+    latency that stays high for many minutes raises it (a cold start's backlog, a burst's queue,
+    the contention of a busy batch come and go with the load; the prefill of the mix's long prompts
+    stays). It starts at 0 (the whole TTFT counts, as without a floor) and starts again at 0 when
+    the mix's mean prompt moves by more than ``FLOOR_MIX_CHANGE`` from the one it was measured on."""
+    r = obs.ttft_ratio
+    fl = _num(state, "fl", 0.0)
+    fl_p = _num(state, "fl_p", math.nan)
+    tq = None if state.get("tq") is None else min(_num(state, "tq", 0.0), PRESSURE_CAP)
+    p = obs.prompt_tokens
+    if p is not None and (math.isnan(fl_p) or abs(p - fl_p) > FLOOR_MIX_CHANGE * fl_p):
+        fl, fl_p = 0.0, p
+    if r is not None:
+        tq = _smooth(tq, min(r, PRESSURE_CAP), dt, cfg.tau_s)
+        fl = min(fl + FLOOR_RISE_PER_MIN * dt / 60.0, tq)
+    new["tq"], new["fl"], new["fl_p"] = tq, fl, None if math.isnan(fl_p) else fl_p
+    if r is None or not obs.queued:
+        return None
+    return max(0.0, r - fl) / (1.0 - min(fl, FLOOR_CAP))
+
+
+def _observed_pressure(state: Mapping[str, Any], obs: Observed, dt: float, cfg: CapacityLearning,
+                       new: dict[str, Any]) -> float | None:
+    """This observation's pressure: the largest of ``obs.pressure`` and the p99 TTFT's above its
+    latency floor (:func:`_latency_pressure`, which records the floor in ``new``)."""
+    now = obs.pressure
+    if obs.ttft_ratio is None and obs.prompt_tokens is None and "fl" not in state:
+        return now  # no TTFT and no floor: as without one
+    latency = _latency_pressure(state, obs, dt, cfg, new)
+    if latency is None:
+        return now
+    return latency if now is None else max(now, latency)
+
+
 def learn(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning, planned_fraction: float,
           served_units: float | None = None) -> tuple[float, str, dict[str, Any]]:
     """(scale, evidence, new state) after one observation. ``planned_fraction``: the share of its
@@ -362,10 +434,11 @@ def _learn(state: Mapping[str, Any], obs: Observed, load_units: float | None, cf
            planned_fraction: float, served_units: float | None = None) -> tuple[float, str, dict[str, Any]]:
     """:func:`learn` with the observation's load given apart (one per GPU type, the rest shared)."""
     scale, dt, q_prev, hi, hi_t = _restore(state, obs, cfg)
-    qs = None if obs.pressure is None else _smooth(q_prev, min(obs.pressure, PRESSURE_CAP), dt, cfg.tau_s)
-    new: dict[str, Any] = {"scale": scale, "t": obs.now_s, "q": qs, "hi": None if math.isinf(hi) else hi,
+    new: dict[str, Any] = {"scale": scale, "t": obs.now_s, "hi": None if math.isinf(hi) else hi,
                            "hi_t": None if math.isinf(hi) else hi_t, "mid_t": None,
                            "t0": min(obs.now_s, _num(state, "t0", obs.now_s))}
+    now = _observed_pressure(state, obs, dt, cfg, new)
+    qs = new["q"] = None if now is None else _smooth(q_prev, min(now, PRESSURE_CAP), dt, cfg.tau_s)
     if not cfg.learn:
         return scale, "learning off", new
     if load_units is None or obs.ready <= 0:
@@ -373,7 +446,7 @@ def _learn(state: Mapping[str, Any], obs: Observed, load_units: float | None, cf
     u = load_units / obs.ready
     down = _stepped_down(state, obs, cfg, new)
     held = _held_off(state, obs, cfg, new)
-    what = _pressure(qs, q_prev, held, cfg, obs.pressure)
+    what = _pressure(qs, q_prev, held, cfg, now)
     evidence = "no evidence (between calm and pressure)"
     if what == "pressure":
         # the served rate needs a window of signals behind it (tau_s since the first observation)
@@ -397,7 +470,7 @@ the fleet's."""
 
 
 _GPU_FIELD_SET = frozenset(_GPU_FIELDS)
-_FLEET_FIELDS = ("t", "q", "n", "up_t", "dn_t", "mid_t", "t0")
+_FLEET_FIELDS = ("t", "q", "n", "up_t", "dn_t", "mid_t", "t0", "tq", "fl", "fl_p")
 """What :func:`learn` reads of the fleet's part of the state (the GPU type's part: ``_GPU_FIELDS``)."""
 
 

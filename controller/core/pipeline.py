@@ -205,7 +205,7 @@ def _capacity(
     now: datetime,
     fresh: _Fresh,
     ready: int | None,
-    pressure: float | None,
+    pressure: _Pressure,
 ) -> learned_capacity.Learned | None:
     """The per-replica capacity for the served token mix, corrected by what ready replicas
     sustain (``controller.core.capacity``), learned per GPU type and averaged over the GPU types
@@ -225,7 +225,8 @@ def _capacity(
     obs = learned_capacity.Observed(
         now_s=now_s, load_units=None, ready=ready or 0,
         settled=ready is not None and ready >= total > 0, slack=int(spec.behavior.tolerance * (ready or 0)),
-        pressure=pressure)
+        pressure=pressure.base, ttft_ratio=pressure.ttft, queued=pressure.queued,
+        prompt_tokens=None if mix is None else mix.prompt_tokens)
     # offered, not served: a backlog that drains is no measure of the load, a saturated fleet's
     # completions no measure of what it was offered; the served tokens bound it under pressure
     units, served = learned_capacity.load_units_by_gpu(state, c, ready_gpus, priors, fresh.arrivals,
@@ -245,34 +246,58 @@ def _capacity(
     return learned_capacity.Learned(cap, prior, scale, evidence, new_state)
 
 
-def _pressure(fresh: _Fresh, spec: PolicySpec, ready: int | None) -> float | None:
-    """How close the ready replicas are to the SLO (1 = at it): p99 TTFT over its target where
-    measured, else the mean wait (Little's law: queue / arrival rate) over ``wait_fraction`` of the
-    TTFT target; and the queue per replica and p99 latency over theirs. The largest counts. A p99
+class _Pressure(NamedTuple):
+    """How close the ready replicas are to the SLO (1 = at it), in parts: ``base``, the largest of
+    the queue per replica and p99 latency over their targets and, where no p99 TTFT is measured, the
+    mean wait (Little's law: queue / arrival rate) over ``wait_fraction`` of the TTFT target;
+    ``ttft``, the p99 TTFT over its target where measured; ``queued``, whether requests wait. A p99
     TTFT over a window while no request waits is the window's memory of a backlog already served
-    (after a cold start into a queue it stays high for the window): it counts only with a queue."""
-    queue, rate, latency = fresh.queue, fresh.arrivals, fresh.latency
-    ttft = None if queue == 0 else fresh.ttft
-    slo = spec.slo
-    ratios = []
-    if queue is not None and ready and slo.queue_depth_per_replica:
-        ratios.append(queue / ready / slo.queue_depth_per_replica)
-    if ttft is not None and slo.ttft_p99_ms:
-        ratios.append(ttft / slo.ttft_p99_ms)
-    elif queue is not None and rate and slo.ttft_p99_ms:
-        ratios.append(queue / rate * 1000.0 / (slo.ttft_p99_ms * spec.capacity.wait_fraction))
-    if latency is not None and slo.p99_latency_ms:
-        ratios.append(latency / slo.p99_latency_ms)
-    return max(ratios, default=None)
+    (after a cold start into a queue it stays high for the window): it counts only with a queue.
+    The learned capacity counts the TTFT above its latency floor (``capacity._latency_pressure``);
+    lead-time economics reads it whole (``value``)."""
+
+    base: float | None
+    ttft: float | None
+    queued: bool
+
+    @property
+    def value(self) -> float | None:
+        """The largest part, the p99 TTFT whole (only with a queue)."""
+        if self.ttft is None or not self.queued:
+            return self.base
+        return self.ttft if self.base is None else max(self.base, self.ttft)
+
+
+_NO_PRESSURE = _Pressure(None, None, False)
+
+
+def _pressure(fresh: _Fresh, spec: PolicySpec, ready: int | None) -> _Pressure:
+    """The parts of :class:`_Pressure` from the fresh signals."""
+    queue, slo = fresh.queue, spec.slo
+    ratio = fresh.ttft / slo.ttft_p99_ms if fresh.ttft is not None and slo.ttft_p99_ms else None
+    wait = _wait_ratio(queue, fresh.arrivals, spec) if ratio is None or queue == 0 else None
+    per_replica = (queue / ready / slo.queue_depth_per_replica
+                   if queue is not None and ready and slo.queue_depth_per_replica else None)
+    latency = fresh.latency / slo.p99_latency_ms if fresh.latency is not None and slo.p99_latency_ms else None
+    base = max([r for r in (per_replica, wait, latency) if r is not None], default=None)
+    return _Pressure(base, ratio, queue != 0)
+
+
+def _wait_ratio(queue: float | None, arrivals: float | None, spec: PolicySpec) -> float | None:
+    """The mean wait (Little's law: queue / arrival rate) over ``wait_fraction`` of the TTFT target."""
+    target = spec.slo.ttft_p99_ms
+    if queue is None or not arrivals or not target:
+        return None
+    return queue / arrivals * 1000.0 / (target * spec.capacity.wait_fraction)
 
 
 def _observe(model: ModelSpec, signals: ModelSignals, spec: PolicySpec, now: datetime
-             ) -> tuple[_Fresh, int | None, float | None]:
+             ) -> tuple[_Fresh, int | None, _Pressure]:
     """The fresh values of the signals the stages read, the ready replicas, and their
     :func:`_pressure` where learned capacity or lead-time economics reads it (``None`` otherwise)."""
     fresh, ready = _Fresh.of(signals, now, spec.missing_data.max_signal_age_s), signals.ready_replicas
     if not model.capacity and not spec.lead_time.enabled:
-        return fresh, ready, None
+        return fresh, ready, _NO_PRESSURE
     return fresh, ready, _pressure(fresh, spec, ready)
 
 
@@ -709,7 +734,7 @@ def decide(
     lo, bounded = _bounds(limited, effect, op.floor, spec.bounds)
     fixed, drained, overridden = _overrides(bounded, effect, previous, spec.bounds.max_replicas)
     max_cloud, timed = _lead_time(overridden, op, model, pools, signals, spec, history, fixed, drained,
-                                  fresh.arrivals, pressure, lo, effect.pin_total is not None, now)
+                                  fresh.arrivals, pressure.value, lo, effect.pin_total is not None, now)
     fill = partial(place, model=model, pools=pools, states=states, placement=spec.placement, drained=drained,
                    pinned=fixed, max_total=effect.bounds_for(spec.bounds.min_replicas, spec.bounds.max_replicas)[1],
                    max_cloud=max_cloud, returning=held_spare(history.rule_state, "return") if spare else 0)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from controller.core.capacity import (
     FAR_PROBE_MIN_REPLICAS,
+    FLOOR_RISE_PER_MIN,
     Mix,
     Observed,
     for_mix,
@@ -157,6 +158,98 @@ def test_a_fleet_at_its_planned_size_that_is_not_calm_takes_the_estimate_back() 
     # a fleet of 6 at that load is above the size 1.4 asks for: not a test of it
     held = {"scale": 1.4, "t": 0.0, "q": mid, "n": 6, "mid_t": -100.0}
     assert learn(held, obs(5.0, u * 4, 6, mid), CFG, 0.8)[0] == 1.4
+
+
+def _ttft_obs(t: float, load: float, ready: int, ttft: float, queue_pressure: float = 0.05,
+             prompt: float = 2000.0) -> Observed:
+    return Observed(now_s=t, load_units=load, ready=ready, settled=True, pressure=queue_pressure,
+                    ttft_ratio=ttft, queued=True, prompt_tokens=prompt)
+
+
+def test_a_latency_floor_no_replica_removes_is_not_read_as_a_shortage() -> None:
+    """Long prompts put a floor under the p99 TTFT: at every fleet size it reads 0.67 of the target
+    while requests hardly wait. Read whole, that is past midway between calm and pressure, so a
+    fleet at its planned size has its estimate cut to the load it carries (and cut again at each
+    lower load the bigger fleet then carries: the learned capacity fell to 0.36 of the profile on
+    a day of prompts up to 8,000 tokens, README "Learned capacity"). Once the floor is learned the
+    same minutes are calm: the estimate is never cut and the probe raises it."""
+    floor, n = 0.67, 8
+    load = 0.8 * (n - 0.5)  # 8 ready at the size an estimate of 1.0 asks for: the probe's gate open
+    learned: dict[str, object] = {"scale": 1.0, "t": 0.0, "n": n, "fl": floor, "tq": floor, "fl_p": 2000.0}
+    bare: dict[str, object] = {"scale": 1.0, "t": 0.0, "n": n}
+    probed, bare_cut = False, False
+    for k in range(1, 12 * 5 + 1):  # five minutes of ticks every 5 s
+        t = 5.0 * k
+        scale, ev, learned = learn(learned, _ttft_obs(t, load, n, floor), CFG, 0.8)
+        assert scale >= 1.0 and ev.startswith("calm")
+        probed = probed or "probing up" in ev
+        bare_scale, bare_ev, bare = learn(bare, Observed(now_s=t, load_units=load, ready=n, settled=True,
+                                                         pressure=floor), CFG, 0.8)
+        bare_cut = bare_cut or "between calm and pressure at" in bare_ev
+    assert scale > 1.0 and probed
+    assert bare_scale == pytest.approx(load / n) and bare_cut
+
+
+def test_the_floor_is_the_lower_envelope_of_the_readings() -> None:
+    """The floor starts at 0 (a reading counts whole, as without one), climbs toward readings above
+    it by FLOOR_RISE_PER_MIN, never past them, and falls at once to a lower one: a backlog of a few
+    minutes barely raises it, a latency that every minute shows becomes floor."""
+    state: dict[str, object] = {}
+    t = 0.0
+    for _ in range(12 * 10):  # ten minutes of a backlog reading twice the target
+        t += 5.0
+        _, _, state = learn(state, _ttft_obs(t, 4.0, 8, 2.0), CFG, 0.8)
+    tick = FLOOR_RISE_PER_MIN * 5.0 / 60.0  # the rise of one tick
+    assert state["fl"] == pytest.approx(10 * FLOOR_RISE_PER_MIN - tick)  # the first tick has no dt
+    minutes = math.ceil(0.67 / FLOOR_RISE_PER_MIN)
+    for _ in range(12 * (minutes + 60)):  # then a constant 0.67, long enough to catch up
+        t += 5.0
+        _, _, state = learn(state, _ttft_obs(t, 4.0, 8, 0.67), CFG, 0.8)
+    assert state["fl"] == pytest.approx(0.67, abs=1e-6)
+    t += 5.0
+    _, _, state = learn(state, _ttft_obs(t, 4.0, 8, 0.1), CFG, 0.8)
+    assert state["fl"] == pytest.approx(state["tq"]) and state["fl"] < 0.67
+
+
+def test_latency_above_the_floor_is_pressure_and_a_new_mix_measures_the_floor_again() -> None:
+    """What lies above the floor is contention that more replicas relieve: at the target it reads 1,
+    as without a floor, and the estimate is cut. A mix whose mean prompt moved by more than a
+    quarter starts the floor again from 0, and a reading below the floor lowers it at once."""
+    state: dict[str, object] = {"scale": 1.0, "t": 0.0, "n": 8, "fl": 0.6, "fl_p": 2000.0, "tq": 0.6}
+    t = 0.0
+    for _ in range(24):  # two minutes at the SLO's p99 TTFT: (1.0 - 0.6) / (1 - 0.6) = 1
+        t += 5.0
+        scale, ev, state = learn(state, _ttft_obs(t, 0.9 * 8, 8, 1.0), CFG, 0.8)
+    assert scale < 1.0 and "pressure at" in ev
+    assert state["fl"] == pytest.approx(0.6 + 2 * FLOOR_RISE_PER_MIN)  # two minutes' rise, no more
+    moved = learn({"fl": 0.6, "fl_p": 2000.0, "tq": 0.6, "t": 0.0}, _ttft_obs(5.0, 4.0, 8, 0.6, prompt=2600.0), CFG, 0.8)[2]
+    assert moved["fl"] == pytest.approx(FLOOR_RISE_PER_MIN * 5.0 / 60.0) and moved["fl_p"] == 2600.0  # from 0
+    kept = learn({"fl": 0.6, "fl_p": 2000.0, "tq": 0.6, "t": 0.0}, _ttft_obs(5.0, 4.0, 8, 0.6, prompt=2400.0), CFG, 0.8)[2]
+    assert kept["fl"] == pytest.approx(0.6, abs=1e-3) and kept["fl_p"] == 2000.0
+    lower = learn({"fl": 0.6, "fl_p": 2000.0, "tq": 0.3, "t": 0.0}, _ttft_obs(5.0, 4.0, 8, 0.3), CFG, 0.8)[2]
+    assert lower["fl"] == pytest.approx(0.3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 3.0), st.booleans(), st.floats(0.0, 0.9)), min_size=1, max_size=60),
+       st.floats(100.0, 8000.0))
+def test_the_floor_only_ever_lowers_the_pressure_below_the_target_and_stays_under_the_readings(
+        readings: list[tuple[float, bool, float]], prompt: float) -> None:
+    """Whatever the readings: the floor never exceeds the smoothed TTFT, and below the target the
+    pressure with a floor is never above the reading without one (at the target both read 1)."""
+    state: dict[str, object] = {}
+    t = 0.0
+    for ttft, queued, queue_p in readings:
+        t += 5.0
+        o = Observed(now_s=t, load_units=4.0, ready=8, settled=True, pressure=queue_p, ttft_ratio=ttft,
+                     queued=queued, prompt_tokens=prompt)
+        _, _, state = learn(state, o, CFG, 0.8)
+        assert 0.0 <= state["fl"] <= state["tq"] + 1e-12
+        raw = max(queue_p, ttft if queued else 0.0)
+        if raw < 1.0:
+            _, _, bare = learn({}, Observed(now_s=5.0, load_units=4.0, ready=8, settled=True, pressure=queue_p,
+                                            ttft_ratio=ttft, queued=queued), CFG, 0.8)
+            assert bare["q"] == pytest.approx(min(raw, 2.0))  # no floor yet: the reading whole
 
 
 def test_pressure_is_bounded_by_what_the_replicas_serve() -> None:
