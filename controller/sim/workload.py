@@ -314,6 +314,56 @@ def _is_number(text: str) -> bool:
     return True
 
 
+CHUNK_ROWS = 500_000
+"""Rows read into Python lists before they become arrays: a week of the 2024 traces (17-27 million
+rows) is read in chunks, so memory holds the arrays and one chunk, not a list of every row."""
+
+
+class _Chunk:
+    """One chunk of a trace being read: rows as Python values until :meth:`flush` makes arrays."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.lines: list[int] = []
+        self.stamps: list[str] = []
+        self.offsets: list[int] = []  # minutes east of UTC, per row; empty while every row has none
+        self.prompts: list[int] = []
+        self.outputs: list[int] = []
+
+    def add(self, path: Path, lineno: int, row: list[str]) -> None:
+        try:
+            stamp, offset = _split_offset(row[0].strip())
+            self.stamps.append(stamp.replace(" ", "T"))
+            self.prompts.append(_token_count(row[1]))
+            self.outputs.append(_token_count(row[2]))
+        except (IndexError, ValueError) as e:
+            raise ValueError(f"{path}:{lineno}: cannot parse {row!r}: {e}") from e
+        self.lines.append(lineno)
+        if offset or self.offsets:
+            if not self.offsets:
+                self.offsets = [0] * (len(self.stamps) - 1)
+            self.offsets.append(offset)
+        if self.prompts[-1] < 0 or self.outputs[-1] < 0:
+            raise ValueError(f"{path}:{lineno}: negative token count in {row!r}: ContextTokens and "
+                             "GeneratedTokens are counts, 0 or more")
+
+    def flush(self, path: Path, numeric: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(times: seconds as float64 for a numeric column, else UTC nanoseconds as int64; prompt
+        and output tokens), and the chunk emptied."""
+        if numeric:
+            t = _seconds(path, self.stamps, self.lines)
+        else:
+            ts = _datetimes(path, self.stamps, self.lines)
+            if self.offsets:
+                ts = ts - np.array(self.offsets, dtype="timedelta64[m]").astype("timedelta64[ns]")
+            t = ts.astype(np.int64)
+        out = (t, np.array(self.prompts, dtype=np.int64), np.array(self.outputs, dtype=np.int64))
+        self.reset()
+        return out
+
+
 def read_azure_trace(path: str | Path, name: str | None = None, start: np.datetime64 | None = None) -> RequestTrace:
     """Read ``TIMESTAMP,ContextTokens,GeneratedTokens`` (the Azure LLM inference traces, 2023 and
     2024); arrival times become seconds after ``start`` (naive UTC; default: the first request,
@@ -323,12 +373,12 @@ def read_azure_trace(path: str | Path, name: str | None = None, start: np.dateti
     traces write it, ``2024-05-10 00:00:00.009930+00:00``: an offset is applied, so stamps in
     different offsets compare as the instants they are), or a number of seconds (a trace converted
     from another format: times relative to any origin; ``start`` then does not apply). A byte-order
-    mark and CRLF line ends are read as a spreadsheet writes them; rows may come in any order."""
+    mark and CRLF line ends are read as a spreadsheet writes them; rows may come in any order; a
+    row that does not parse is refused with its line. Read in chunks of ``CHUNK_ROWS`` rows."""
     path = Path(path)
-    stamps: list[str] = []
-    offsets: list[int] = []  # minutes east of UTC, per row; empty while every row has none
-    prompts: list[int] = []
-    outputs: list[int] = []
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    chunk = _Chunk()
+    numeric: bool | None = None
     with path.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         header = next(reader, None)
@@ -337,50 +387,42 @@ def read_azure_trace(path: str | Path, name: str | None = None, start: np.dateti
         for lineno, row in enumerate(reader, start=2):
             if not row:
                 continue
-            try:
-                stamp, offset = _split_offset(row[0].strip())
-                stamps.append(stamp.replace(" ", "T"))
-                prompts.append(_token_count(row[1]))
-                outputs.append(_token_count(row[2]))
-            except (IndexError, ValueError) as e:
-                raise ValueError(f"{path}:{lineno}: cannot parse {row!r}: {e}") from e
-            if offset or offsets:
-                if not offsets:
-                    offsets = [0] * (len(stamps) - 1)
-                offsets.append(offset)
-            if prompts[-1] < 0 or outputs[-1] < 0:
-                raise ValueError(f"{path}:{lineno}: negative token count in {row!r}: ContextTokens and "
-                                 "GeneratedTokens are counts, 0 or more")
-    if not stamps:
+            chunk.add(path, lineno, row)
+            if numeric is None:
+                numeric = _is_number(chunk.stamps[0])
+            if len(chunk.stamps) >= CHUNK_ROWS:
+                parts.append(chunk.flush(path, numeric))
+    if chunk.stamps:
+        parts.append(chunk.flush(path, bool(numeric)))
+    if not parts:
         raise ValueError(f"{path}: no requests")
-    if _is_number(stamps[0]):
-        t = _seconds(path, stamps)
+    t_raw = np.concatenate([p[0] for p in parts])
+    prompts = np.concatenate([p[1] for p in parts])
+    outputs = np.concatenate([p[2] for p in parts])
+    if numeric:
         if start is not None:
             raise ValueError(f"{path}: TIMESTAMP holds seconds, not dates: a trace start does not apply "
                              "(leave --trace-start out; the first request is t = 0)")
-        t = t - t.min()
+        t = t_raw - t_raw.min()
     else:
-        ts = _datetimes(path, stamps)
-        if offsets:
-            ts = ts - np.array(offsets, dtype="timedelta64[m]").astype("timedelta64[ns]")
-        origin = ts.min() if start is None else np.datetime64(start, "ns")
-        if ts.min() < origin:
-            raise ValueError(f"{path}: the trace start {origin} is after its first request {ts.min()}: "
-                             "pass a start at or before it")
-        t = (ts - origin).astype(np.int64) / 1e9
+        first = t_raw.min()
+        origin = first if start is None else np.datetime64(start, "ns").astype(np.int64)
+        if first < origin:
+            raise ValueError(f"{path}: the trace start {np.datetime64(int(origin), 'ns')} is after its first "
+                             f"request {np.datetime64(int(first), 'ns')}: pass a start at or before it")
+        t = (t_raw - origin) / 1e9
     order = np.argsort(t, kind="stable")
     # Zero-token outputs still cost a prefill and yield one token in practice: count them as one.
-    out = np.maximum(np.array(outputs, dtype=np.int64), 1)
-    return RequestTrace(name or path.stem, t[order], np.array(prompts, dtype=np.int64)[order], out[order])
+    return RequestTrace(name or path.stem, t[order], prompts[order], np.maximum(outputs, 1)[order])
 
 
-def _datetimes(path: Path, stamps: list[str]) -> np.ndarray:
+def _datetimes(path: Path, stamps: list[str], lines: list[int]) -> np.ndarray:
     """The stamps (offsets removed) as naive ``datetime64[ns]``, or the line of the first refused."""
     try:
         return np.array(stamps, dtype="datetime64[ns]")
     except ValueError:
         # numpy names the value, not the line: find the first stamp it refuses (the error path only)
-        for lineno, stamp in enumerate(stamps, start=2):
+        for lineno, stamp in zip(lines, stamps):
             try:
                 np.datetime64(stamp, "ns")
             except ValueError as e:
@@ -390,14 +432,14 @@ def _datetimes(path: Path, stamps: list[str]) -> np.ndarray:
         raise
 
 
-def _seconds(path: Path, stamps: list[str]) -> np.ndarray:
+def _seconds(path: Path, stamps: list[str], lines: list[int]) -> np.ndarray:
     """The stamps as seconds (a numeric TIMESTAMP column), or the line of the first that is not one."""
     try:
         t = np.array(stamps, dtype=np.float64)
     except ValueError:
         t = None
     if t is None or not np.isfinite(t).all():
-        for lineno, stamp in enumerate(stamps, start=2):
+        for lineno, stamp in zip(lines, stamps):
             if not _is_number(stamp) or not math.isfinite(float(stamp)):
                 raise ValueError(f"{path}:{lineno}: TIMESTAMP {stamp!r} is not a number of seconds, as the "
                                  "first row's is (a column holds seconds or dates, not both)")

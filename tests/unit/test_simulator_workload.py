@@ -82,6 +82,30 @@ def test_azure_reader_takes_a_spreadsheet_export_and_seconds(tmp_path: Path) -> 
         read_azure_trace(g, start=np.datetime64("2024-01-01T00:00:00", "ns"))
 
 
+def test_azure_reader_reads_in_chunks_as_it_reads_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A week of the 2024 traces holds 17-27 million rows: they are read in chunks (arrays, not a
+    list of every row), with the same trace as one chunk and a refused row still named by its
+    line (blank lines counted)."""
+    import controller.sim.workload as workload
+
+    rng = np.random.default_rng(3)
+    t = np.sort(rng.random(50) * 100.0)
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    lines += [f"{np.datetime64('2024-05-10T00:00:00', 'us') + np.timedelta64(int(x * 1e6), 'us')}+02:00,{i + 1},{i % 7}"
+              for i, x in enumerate(t[::-1])]
+    f = tmp_path / "t.csv"
+    f.write_text("\n".join(lines[:20] + [""] + lines[20:]) + "\n")
+    whole = read_azure_trace(f)
+    monkeypatch.setattr(workload, "CHUNK_ROWS", 7)
+    chunked = read_azure_trace(f)
+    assert np.array_equal(whole.arrival_s, chunked.arrival_s) and np.allclose(whole.arrival_s, t - t[0], atol=1e-6)
+    assert np.array_equal(whole.prompt_tokens, chunked.prompt_tokens)
+    bad = lines[:20] + [""] + lines[20:40] + ["2024-05-10 00:00:99+02:00,1,1"] + lines[40:]
+    f.write_text("\n".join(bad) + "\n")
+    with pytest.raises(ValueError, match=":42: cannot parse the TIMESTAMP"):
+        read_azure_trace(f)
+
+
 @pytest.mark.parametrize("text, needle", [
     ("a,b,c\n1,2,3\n", "expected header"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:04,x,3\n", ":2: cannot parse"),
