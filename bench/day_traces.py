@@ -19,7 +19,12 @@ the day's peak) and minute-scale swells:
 The rates are in arbitrary units: ``decision_quality.py`` scales every trace so its busiest minute
 needs ``--peak-replicas`` replicas (16 by default).
 
+``--training`` writes instead ``day2024.csv``, the day the learned capacity's latency floor was
+made on (README, "A latency floor under the p99 TTFT"): a sinusoidal day around 28 requests/s
+(+-60 %), prompts log-uniform from 50 to 8,000 tokens and answers from 1 to 300, seed 1.
+
     python bench/day_traces.py DIR [--seed 5] [--hours 24]
+    python bench/day_traces.py DIR --training
     python bench/decision_quality.py --trace DIR/code-day.csv --default-only [--policy P] [--seed N]
 """
 
@@ -83,6 +88,19 @@ def trace(name: str, seed: int, hours: float) -> tuple[np.ndarray, np.ndarray, n
     return arrival, prompt.astype(np.int64), output.astype(np.int64)
 
 
+def training_day() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(arrival seconds, prompt tokens, output tokens) of ``day2024``, the training day."""
+    rng = np.random.default_rng(1)
+    t = np.arange(86400)
+    counts = rng.poisson(28 * (1 + 0.6 * np.sin(2 * np.pi * (t / 86400 - 0.3))))
+    arrival = np.repeat(t, counts) + rng.random(counts.sum())
+    arrival.sort()
+    n = len(arrival)
+    prompt = np.exp(rng.uniform(np.log(50), np.log(8000), n)).astype(int)
+    output = np.exp(rng.uniform(np.log(1), np.log(300), n)).astype(int)
+    return arrival, prompt, output
+
+
 def write(path: Path, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray) -> Path:
     """The Azure format with the 2024 traces' stamps (``2024-05-10 00:00:00.009930+00:00``)."""
     stamps = np.datetime_as_string(ORIGIN + (arrival * 1e6).astype("timedelta64[us]"), unit="us")
@@ -97,8 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folder", type=Path, help="where to write the CSV files")
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--hours", type=float, default=24.0, help="length of each trace (default: a day)")
+    ap.add_argument("--training", action="store_true", help="write day2024.csv, the training day, instead")
     args = ap.parse_args(argv)
     args.folder.mkdir(parents=True, exist_ok=True)
+    if args.training:
+        print(write(args.folder / "day2024.csv", *training_day()))
+        return 0
     for name in MIXES:
         print(write(args.folder / f"{name}.csv", *trace(name, args.seed, args.hours)))
     return 0

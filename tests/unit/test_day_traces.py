@@ -57,3 +57,13 @@ def test_the_files_read_as_azure_traces_with_utc_offsets(tmp_path: Path) -> None
         back = read_azure_trace(path)
         assert np.allclose(back.arrival_s, t - t[0], atol=2e-6)
         assert np.array_equal(back.prompt_tokens, p) and np.array_equal(back.output_tokens, np.maximum(o, 1))
+
+
+def test_the_training_day_is_the_one_the_readme_describes() -> None:
+    """``--training``: a sinusoidal day around 28 requests/s (+-60 %), prompts log-uniform from 50
+    to 8,000 tokens, answers from 1 to 300, seed 1 (2,418,824 requests)."""
+    t, p, o = _module().training_day()
+    assert len(t) == 2_418_824 and t[-1] < 86400
+    assert 50 <= p.min() and p.max() < 8000 and 1 <= o.min() and o.max() < 300
+    hourly = np.bincount((t // 3600).astype(int), minlength=24) / 3600.0
+    assert 28 * 0.35 < hourly.min() < 28 * 0.45 and 28 * 1.55 < hourly.max() < 28 * 1.65
