@@ -89,15 +89,17 @@ cold start into a backlog reads hundreds of times the SLO; smoothed unclipped, t
 decay for many ``tau_s`` and, easing all the while, hide the real pressure that follows."""
 
 FLOOR_CAP = 0.7
-"""The latency floor counts up to this share of the TTFT target. A higher one is a tail no fleet
-serves within the SLO (prompts whose prefill alone nears the target): the rest of the requests
-still need the last 30 % of the target kept for waiting, so what the TTFT reads above this share
-still counts."""
+"""The TTFT's pressure is what it reads above the latency floor over what the target leaves above
+the floor, but never over less than ``1 - FLOOR_CAP`` of the target. A floor above this share is a
+tail no fleet serves within the SLO (prompts whose prefill alone nears the target): waits may then
+add at most ``pressure_ratio x (1 - FLOOR_CAP)`` of the target before they count as pressure,
+instead of a vanishing share of it (or none, over a floor above the target)."""
 
 FLOOR_RISE_PER_MIN = 0.002
-"""How fast the latency floor climbs toward readings above it, in TTFT-target shares per minute (0.6
-in an hour): slower than any backlog or burst lasts, so that only a latency every load shows
-becomes floor."""
+"""How fast the latency floor climbs toward readings above it, in TTFT-target shares per minute
+(0.12 in an hour): slower than any backlog or burst lasts, so that only a latency that every hour
+shows becomes floor. Faster (0.004, 0.01) let a day's busy hours pass their contention off as
+floor (README, "A latency floor under the p99 TTFT")."""
 
 FLOOR_MIX_CHANGE = 0.25
 """The floor is measured afresh when the mix's mean prompt moves by more than this share from the
@@ -377,10 +379,10 @@ def _between(state: Mapping[str, Any], obs: Observed, cfg: CapacityLearning, pla
 
 def _latency_pressure(state: Mapping[str, Any], obs: Observed, dt: float, cfg: CapacityLearning,
                       new: dict[str, Any]) -> float | None:
-    """The p99 TTFT's pressure above its latency floor, ``(r - floor) / (1 - floor)`` for a reading
-    ``r`` of the TTFT over its target (1 stays "at the SLO"), the floor at most ``FLOOR_CAP``;
-    ``None`` when it says nothing of capacity (not measured, or no request waiting). Records the
-    floor in ``new``.
+    """The p99 TTFT's pressure above its latency floor, ``max(0, r - floor) / (1 - min(floor,
+    FLOOR_CAP))`` for a reading ``r`` of the TTFT over its target (a reading at the target still
+    counts 1 where the floor is under ``FLOOR_CAP``); ``None`` when it says nothing of capacity (not
+    measured, or no request waiting). Records the floor in ``new``.
 
     Why: a TTFT is the wait for a replica plus the prefill of the prompt itself, and more replicas
     shorten only the wait. Where the mix has long prompts, the p99 TTFT of an idle fleet is already

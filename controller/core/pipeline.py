@@ -250,7 +250,8 @@ class _Pressure(NamedTuple):
     """How close the ready replicas are to the SLO (1 = at it), in parts: ``base``, the largest of
     the queue per replica and p99 latency over their targets and, where no p99 TTFT is measured, the
     mean wait (Little's law: queue / arrival rate) over ``wait_fraction`` of the TTFT target;
-    ``ttft``, the p99 TTFT over its target where measured; ``queued``, whether requests wait. A p99
+    ``ttft``, the p99 TTFT over its target where measured; ``queued``, whether requests wait (or the
+    queue is not known). A p99
     TTFT over a window while no request waits is the window's memory of a backlog already served
     (after a cold start into a queue it stays high for the window): it counts only with a queue.
     The learned capacity counts the TTFT above its latency floor (``capacity._latency_pressure``);
@@ -294,7 +295,7 @@ def _wait_ratio(queue: float | None, arrivals: float | None, spec: PolicySpec) -
 def _observe(model: ModelSpec, signals: ModelSignals, spec: PolicySpec, now: datetime
              ) -> tuple[_Fresh, int | None, _Pressure]:
     """The fresh values of the signals the stages read, the ready replicas, and their
-    :func:`_pressure` where learned capacity or lead-time economics reads it (``None`` otherwise)."""
+    :func:`_pressure` where learned capacity or lead-time economics reads it (no parts otherwise)."""
     fresh, ready = _Fresh.of(signals, now, spec.missing_data.max_signal_age_s), signals.ready_replicas
     if not model.capacity and not spec.lead_time.enabled:
         return fresh, ready, _NO_PRESSURE
