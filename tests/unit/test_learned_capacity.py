@@ -7,6 +7,7 @@ terms); the pessimistic one warm as well."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import math
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from controller.core.capacity import (
     FAR_PROBE_MIN_REPLICAS,
+    FLOOR_CAP,
     FLOOR_RISE_PER_MIN,
     Mix,
     Observed,
@@ -235,16 +237,28 @@ def test_latency_above_the_floor_is_pressure_and_a_new_mix_measures_the_floor_ag
        st.floats(100.0, 8000.0))
 def test_the_floor_only_ever_lowers_the_pressure_below_the_target_and_stays_under_the_readings(
         readings: list[tuple[float, bool, float]], prompt: float) -> None:
-    """Whatever the readings: the floor never exceeds the smoothed TTFT, and below the target the
-    pressure with a floor is never above the reading without one (at the target both read 1)."""
+    """Whatever the readings: the floor never exceeds the smoothed TTFT; below the target the
+    TTFT's pressure is never more than the reading whole, at the target it is 1 where the floor is
+    at most FLOOR_CAP; with no floor yet the reading counts whole."""
     state: dict[str, object] = {}
     t = 0.0
     for ttft, queued, queue_p in readings:
         t += 5.0
         o = Observed(now_s=t, load_units=4.0, ready=8, settled=True, pressure=queue_p, ttft_ratio=ttft,
                      queued=queued, prompt_tokens=prompt)
+        before = dict(state)
         _, _, state = learn(state, o, CFG, 0.8)
         assert 0.0 <= state["fl"] <= state["tq"] + 1e-12
+        # the TTFT's own pressure this tick: the smoothed value of a state with none before it
+        unsmoothed = {k: v for k, v in before.items() if k != "q"}
+        p = learn(unsmoothed, replace(o, pressure=None), CFG, 0.8)[2]["q"]
+        if not queued:
+            assert p is None
+        else:
+            assert p is not None and (ttft >= 1.0 or p <= ttft + 1e-12)
+            at_target = learn(unsmoothed, replace(o, pressure=None, ttft_ratio=1.0), CFG, 0.8)[2]
+            if at_target["fl"] <= FLOOR_CAP:
+                assert at_target["q"] == pytest.approx(1.0)
         raw = max(queue_p, ttft if queued else 0.0)
         if raw < 1.0:
             _, _, bare = learn({}, Observed(now_s=5.0, load_units=4.0, ready=8, settled=True, pressure=queue_p,
