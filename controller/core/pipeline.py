@@ -215,7 +215,7 @@ def _capacity(
         return None
     spec = policy.spec
     state = history.rule_state.get(learned_capacity.STATE_KEY, _EMPTY_STATE)
-    c, now_s = spec.capacity, now.timestamp()
+    c, now_s = policy.capacity_learning, now.timestamp()
     mix = learned_capacity.smoothed_mix(
         state, learned_capacity.mix_of(fresh.request_rate, fresh.output_tokens, fresh.input_tokens), now_s, c.mix_tau_s)
     weights = _capacity_weights(model, pools, signals, current, policy)

@@ -139,6 +139,12 @@ class MissingData(_Strict):
     max_signal_age_s: float = Field(60, gt=0, le=MAX_WINDOW_S, description=f"Samples older than this count as missing, seconds (at most {MAX_WINDOW_S}).")
 
 
+REFERENCE_PLANNED_FRACTION = 0.8
+"""The share of its capacity a replica is planned at (the rules' default ``capacity_fraction``) for
+which ``capacity.pressure_ratio`` and ``capacity.calm_ratio`` are stated; at another planned
+fraction both scale with it (``EffectivePolicy.capacity_learning``)."""
+
+
 class CapacityLearning(_Strict):
     """``spec.capacity``: how the per-replica capacity is corrected online from what ready
     replicas sustain (``controller.core.capacity``)."""
@@ -146,8 +152,8 @@ class CapacityLearning(_Strict):
     learn: bool = Field(True, description="Correct the bundle's capacity profile online from the load ready replicas sustain (queue and latency near their targets: at capacity; calm: at least that much). false: use the profile as is.")
     tau_s: float = Field(60, gt=0, le=MAX_WINDOW_S, description="Time constant of the pressure smoothing, seconds (a pressure reading moves the smoothed value 63 % of the way in this time); also the hold-off after replicas become ready, while the signals still show the backlog they drain. Confirmed pressure lowers the learned value at once to the load it was seen at.")
     probe_per_min: float = Field(0, ge=0, le=1, description="While replicas are calm near their planned load and no recent pressure forbids it, raise the learned capacity above the profile by this fraction per minute (a fleet sized by a pessimistic profile never shows that it could carry more; a probe runs replicas up to the SLO's edge to find out, so it is opt-in). 0: the profile is the most a replica is trusted with; a value learned below it still recovers toward it at 15 % a minute.")
-    pressure_ratio: float = Field(0.75, gt=0, le=10, description="Pressure (the largest of: queue per ready replica over slo.queue_depth_per_replica, the mean wait, queue over request rate, over wait_fraction x slo.ttft_p99_ms, p99 latency over slo.p99_latency_ms; smoothed over tau_s) at or above this, and not easing, means the replicas are at capacity.")
-    calm_ratio: float = Field(0.5, ge=0, le=10, description="Pressure at or below this means the replicas carry their load with room.")
+    pressure_ratio: float = Field(0.75, gt=0, le=10, description="Pressure (the largest of: queue per ready replica over slo.queue_depth_per_replica, p99 TTFT above its latency floor, or where it is not measured the mean wait, queue over request rate, over wait_fraction x slo.ttft_p99_ms, p99 latency over slo.p99_latency_ms; smoothed over tau_s) at or above this, and not easing, means the replicas are at capacity. Stated for rules planning replicas at 0.8 of their capacity (capacity_fraction); at another fraction it scales with it (0.5: x0.625), so that capacity_fraction moves the fleet while the probe raises the estimate.")
+    calm_ratio: float = Field(0.5, ge=0, le=10, description="Pressure at or below this means the replicas carry their load with room. Scales with the rules' capacity_fraction as pressure_ratio does.")
     wait_fraction: float = Field(0.1, gt=0, le=1, description="The mean wait that counts as at the SLO, as a fraction of slo.ttft_p99_ms (a p99 is several times the mean of a queueing wait).")
     burst_share: float = Field(0.75, ge=0, le=10, description="Pressure counts as evidence only while the load per ready replica is at least this share of its planned load (capacity x capacity_fraction); below, it is a burst inside the rate window, not a measure of capacity.")
     mix_tau_s: float = Field(300, gt=0, le=MAX_WINDOW_S, description="Time constant, seconds, over which the observed token mix (prompt and output tokens per request) is averaged before the capacity is computed for it.")

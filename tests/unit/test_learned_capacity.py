@@ -357,14 +357,14 @@ def _write_trace(path: Path, arrivals: np.ndarray, rng: np.random.Generator) -> 
     return path
 
 
-def _write_policy(path: Path, *, scale_down_s: float) -> Path:
+def _write_policy(path: Path, *, scale_down_s: float, capacity_fraction: float = 0.8) -> Path:
     """The tests' slo-guard policy (probe 0.15 a minute) with this scale-down window."""
     path.write_text(yaml.safe_dump({
         "apiVersion": "tidegate/v1", "kind": "ScalingPolicy", "metadata": {"name": "learn"},
         "spec": {"model": "llama3-70b-fp8", "bounds": {"min_replicas": 1, "max_replicas": 24},
                  "slo": {"ttft_p99_ms": 1500, "tpot_ms": 100, "queue_depth_per_replica": 4},
                  "behavior": {"scale_down": {"stabilization_s": scale_down_s}}, "capacity": {"probe_per_min": 0.15},
-                 "rules": [{"kind": "slo-guard", "params": {"capacity_fraction": 0.8}}]}}))
+                 "rules": [{"kind": "slo-guard", "params": {"capacity_fraction": capacity_fraction}}]}}))
     return path
 
 
@@ -381,17 +381,18 @@ def _fleet(d: Path, out_tok_s: float, req_s: float) -> Path:
     return path
 
 
-def _run(world: dict[str, object], factor: float, capsys: pytest.CaptureFixture[str], warm: bool = False
-         ) -> tuple[dict, dict, float]:
+def _run(world: dict[str, object], factor: float, capsys: pytest.CaptureFixture[str], warm: bool = False,
+         policy: Path | None = None) -> tuple[dict, dict, float]:
     """One run with the profile ``factor`` x the true capacity. ``warm``: the fleet starts ready at
     the size the true capacity gives for the rate at the policy's capacity_fraction (0.8); else
     at the policy's min_replicas (1)."""
-    d, trace, policy = world["dir"], world["trace"], world["policy"]
+    d, trace = world["dir"], world["trace"]
+    policy = policy or world["policy"]
     assert isinstance(d, Path)
     assert simulate_main(["--trace", str(trace), "--fleet", str(_fleet(d, 1, 1)), "--print-capacity"]) == 0
     row = dict(kv.split("=") for kv in capsys.readouterr().out.split("\n")[0].split())
     true_tok, true_req = float(row["output_tokens_per_s_at_slo"]), float(row["requests_per_s_at_slo"])
-    out = d / f"out-{factor}-{warm}"
+    out = d / f"out-{factor}-{warm}-{Path(str(policy)).stem}"
     start = ["--initial-replicas", str(math.ceil(RATE_PER_S / (0.8 * true_req)))] if warm else []
     assert simulate_main(["--trace", str(trace), "--fleet", str(_fleet(d, true_tok * factor, true_req * factor)),
                           "--policy", str(policy), "--out", str(out), "--json", "--no-progress", *start]) == 0
@@ -409,6 +410,39 @@ def _at(log: list[list[float]], t: float) -> float:
 
 def _desired(timeline: dict, t0: float, t1: float) -> list[int]:
     return [v for t, v in zip(timeline["t_s"], timeline["desired:onprem"]) if t0 <= t <= t1]
+
+
+@pytest.fixture(scope="module")
+def long_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """The module's world for 40 minutes: long enough for the probe to settle."""
+    d = tmp_path_factory.mktemp("learn-long")
+    rng = np.random.default_rng(1)
+    trace = _write_trace(d / "steady.csv", np.sort(rng.uniform(0, LONG_S, int(RATE_PER_S * LONG_S))), rng)
+    return {"dir": d, "trace": trace, "policy": _write_policy(d / "policy.yaml", scale_down_s=60)}
+
+
+LONG_S = 2400.0
+
+
+def test_capacity_fraction_moves_the_fleet_while_the_probe_runs(long_world: dict[str, object],
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """With the probe on, the learner raises its estimate until the planned load shows pressure,
+    whatever share of the estimate the plan is: planning at 0.5 of capacity, it ended 1.44 x the
+    true capacity here and the fleet barely larger than at 0.8 (6-7 replicas against 5-6; the
+    benchmark's six settings of capacity_fraction read 97.97-98.20 % on a held-out coding day).
+    The learner's pressure and calm ratios now scale with the planned fraction: at 0.5 the
+    estimate stays within 15 % of the true capacity and the fleet holds at least two replicas more
+    than at 0.8 (warm starts, the right profile, the last five minutes of 40)."""
+    d = long_world["dir"]
+    assert isinstance(d, Path)
+    runs: dict[float, tuple[float, list[int]]] = {}
+    for fraction in (0.5, 0.8):
+        policy = _write_policy(d / f"policy-{fraction}.yaml", scale_down_s=60, capacity_fraction=fraction)
+        cap, timeline, true_tok = _run(long_world, 1.0, capsys, warm=True, policy=policy)
+        runs[fraction] = (cap["log"][-1][1] / true_tok, _desired(timeline, LONG_S - 300, LONG_S))
+    (learned, half), (_, default) = runs[0.5], runs[0.8]
+    assert learned <= 1.15, runs
+    assert min(half) >= max(default) + 2, runs
 
 
 def test_an_optimistic_profile_is_corrected_within_ten_minutes(world: dict[str, object],
