@@ -9,7 +9,9 @@ point with at least its attainment at no more than its cost.
 The knobs (:data:`KNOBS`, six settings each, from eager to lax):
 
 ``tidegate``    ``capacity_fraction`` of every rule that has one (the share of a replica's profiled
-                throughput at the SLO the rules plan for; the example policy's 0.8 is its default)
+                throughput at the SLO the rules plan for; the example policy's 0.8 is its default;
+                the learned capacity's pressure and calm ratios scale with it:
+                ``EffectivePolicy.capacity_learning``)
 ``hpa``         target GPU utilization, percent
 ``keda``        target pending requests (waiting plus in flight) per replica
 ``skyserve``    target requests/s per replica, as a fraction of the capacity profile's
