@@ -4,7 +4,6 @@ the latency floor) says they are, seeded, and the simulator's Azure reader takes
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
@@ -12,16 +11,11 @@ import numpy as np
 import pytest
 
 from controller.sim.workload import read_azure_trace
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.bench_scripts import load
 
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("day_traces", ROOT / "bench" / "day_traces.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("day_traces")
 
 
 @pytest.mark.parametrize("name, prompt_median, prompt_max, output_median", [

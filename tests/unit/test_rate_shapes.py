@@ -3,23 +3,17 @@ the burst memory for spikes) says they are, and the simulator reads the files it
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 
 from controller.sim.workload import TokenDistribution, read_rate_series
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.bench_scripts import load
 
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("rate_shapes", ROOT / "bench" / "rate_shapes.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("rate_shapes")
 
 
 def test_the_shapes_are_the_ones_described() -> None:

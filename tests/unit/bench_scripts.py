@@ -1,0 +1,19 @@
+"""The ``bench/`` scripts as modules, for the tests of what they generate (they are scripts, not a
+package: loaded from their files)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def load(name: str) -> ModuleType:
+    """``bench/<name>.py`` as a fresh module."""
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
