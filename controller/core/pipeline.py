@@ -231,7 +231,7 @@ def _capacity(
     # completions no measure of what it was offered; the served tokens bound it under pressure
     units, served = learned_capacity.load_units_by_gpu(state, c, ready_gpus, priors, fresh.arrivals,
                                                        fresh.offered_tokens, fresh.output_tokens)
-    scales, evidence, new_state = learned_capacity.learn_by_gpu(state, obs, units, c, policy.planned_fraction, served)
+    scales, evidence, new_state = learned_capacity.learn_by_gpu(state, obs, units, c, policy.planned_fraction, served, ready_gpus)
     caps = {g: learned_capacity.for_mix(model.capacity[g], mix, scales.get(g, 1.0)) for g in weights}
     cap = learned_capacity.weighted(caps, weights)
     prior = learned_capacity.weighted(priors, weights)

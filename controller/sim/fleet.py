@@ -69,6 +69,7 @@ class Fleet(Billing):
                     pool.launch_failures += want - allowed
                     pool.blocked = True
                     pool.blocked_reason = pool.spot.limit_reason(self.now)
+                    pool.blocked_until = self.now + self.opt.capacity_unavailable_s
                     want = allowed
         for _ in range(want):
             self._new_node(pool, self.now + pool.spec.provisioning_delay_s, N_PROV)
@@ -321,7 +322,8 @@ class Fleet(Billing):
                 order = sorted(range(len(live)), key=lambda i: (live[i].state != N_PROV, -live[i].launched_s, ties[i]))
                 for i in order[:excess]:
                     self._notice(live[i])
-        if pool.blocked and (cap is None or cap > sum(1 for n in pool.nodes if n.state != N_GONE and not n.noticed)):
+        if (pool.blocked and self.now >= pool.blocked_until
+                and (cap is None or cap > sum(1 for n in pool.nodes if n.state != N_GONE and not n.noticed))):
             pool.blocked = False
             pool.backoff_until = -INF
             if self.ctrl.node_mode == "direct":

@@ -48,7 +48,7 @@ class _Pod:
 
 class _Pool:
     __slots__ = ("spec", "name", "onprem", "spot_pool", "tp", "per_node", "nodes", "pods", "desired", "spot",
-                 "blocked", "blocked_reason", "backoff_until", "notices", "bill_n", "bill_t", "cost_usd",
+                 "blocked", "blocked_reason", "blocked_until", "backoff_until", "notices", "bill_n", "bill_t", "cost_usd",
                  "node_s", "launch_failures", "interrupted_nodes", "killed_pods", "want_nodes", "unmade")
 
     def __init__(self, spec: PoolSpec, model: ModelSpec, spot: SpotModel | None) -> None:
@@ -66,6 +66,9 @@ class _Pool:
         self.spot = spot
         self.blocked = False
         self.blocked_reason = ""
+        self.blocked_until = -INF
+        """A launch that found no capacity marks the pool unavailable until then (at least; after
+        it, until the capacity is back), as the cloud providers' marks do."""
         self.backoff_until = -INF
         self.notices: list[float] = []
         """When each interruption notice came, oldest first, within the window (a list: most pools never

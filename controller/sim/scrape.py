@@ -121,7 +121,7 @@ class Scraping(Serving):
         w = self.opt.interruption_window_s
         if pool.notices and pool.notices[0] < now - w:
             del pool.notices[:bisect_left(pool.notices, now - w)]
-        if pool.blocked and pool.spot is not None:
+        if pool.blocked and pool.spot is not None and now >= pool.blocked_until:
             cap = pool.spot.capacity_nodes(now)
             live = sum(1 for n in pool.nodes if n.state != N_GONE and not n.noticed)
             if cap is None or cap > live:

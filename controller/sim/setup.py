@@ -14,6 +14,7 @@ from controller.sim.prices import SpotPriceWalk
 from controller.sim.service import FluidReplicaModel, ReplicaProfile, SteadyState, TokenGrid
 from controller.sim.spot import SpotModel
 from controller.sim.workload import RateSeries, RequestTrace, Workload
+from providers.cloudpool import CloudPoolSettings
 
 FluidEntry = tuple[SteadyState, float, float, float, np.ndarray, np.ndarray, np.ndarray, float]
 """One replica's steady state at a rate: state, attainment (both / TTFT / TPOT), TTFT, e2e and TPOT
@@ -56,6 +57,13 @@ class EngineOptions:
     """cluster-autoscaler --scale-down-unneeded-time default (10 min)."""
     ca_backoff_s: float = 300.0
     """cluster-autoscaler --initial-node-group-backoff-duration default (5 min) after a failed scale-up."""
+    capacity_unavailable_s: float = CloudPoolSettings.model_fields["capacity_unavailable_s"].default
+    """A spot launch that finds no capacity marks the pool unavailable for this long (then until the
+    capacity is back), as the AWS and GCP pools' ``capacity_unavailable_s`` and Karpenter's
+    ``launch_failure_unavailable_s`` do (both 180 s by default). Cleared as soon as the capacity came
+    back, a pool whose capacity covered only part of an order was offered again at the next
+    decision, ordered again past it, and marked again: the desired count of the pool flipped every
+    tick."""
     drain_s: float = 600.0
     interruption_window_s: float = 3600.0
     progress: bool | None = None

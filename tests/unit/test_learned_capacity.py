@@ -21,6 +21,7 @@ from controller.core.capacity import (
     FAR_PROBE_MIN_REPLICAS,
     FLOOR_CAP,
     FLOOR_RISE_PER_MIN,
+    PROBE_MIN_REPLICAS,
     Mix,
     Observed,
     for_mix,
@@ -578,6 +579,35 @@ def test_two_gpu_types_of_different_speeds_learn_different_capacities() -> None:
     assert caps["H200"].requests_per_s > 1.5 * caps["H100"].requests_per_s
     # /v1/status shows each GPU type's correction
     assert gpu_scales(state) == {g: pytest.approx(learned_scale(state, g, CFG)) for g in ("H100", "H200")}
+
+
+def test_a_gpu_type_with_few_replicas_beside_another_does_not_probe() -> None:
+    """The pressure is the fleet's: one H200 replica beside nine H100 ones barely shows in it, so
+    calm minutes say nothing of what H200 sustains. A GPU type probes up only with
+    PROBE_MIN_REPLICAS ready replicas of its own while others serve too (it still comes back to its
+    profile, and falls with the fleet). Probing on the fleet's calm, with H100 held under the load
+    it saw pressure at, H200 rose from 1.43 to the 4.0 cap in 25 minutes on a day of long prompts
+    (bench/day_traces.py --training), and the fleet sized with it dropped every cloud replica in one
+    tick and ordered them back in the next."""
+    state: dict = {"t": 0.0, "q": 0.2, "n": 10,
+                   "gpus": {"H100": {"scale": 0.76, "hi": 0.77, "hi_t": 0.0}, "H200": {"scale": 1.43, "hi": None, "hi_t": None}}}
+    priors = {"H100": CAP, "H200": CAP}
+    t = 0.0
+    for _ in range(25 * 12):
+        t += 5.0
+        s100, s200 = learned_scale(state, "H100", CFG), learned_scale(state, "H200", CFG)
+        ready = {"H100": max(1, math.ceil((13.0 / (0.8 * CAP.requests_per_s) - s200) / s100)), "H200": 1}
+        units, _ = load_units_by_gpu(state, CFG, ready, priors, 13.0, None)
+        scales, evidence, state = learn_by_gpu(state, Observed(t, None, sum(ready.values()), True, 0, 0.2), units,
+                                               CFG, 0.8, None, ready)
+    assert scales["H200"] == pytest.approx(1.43) and "too few H200 replicas to probe" in evidence, (scales, evidence)
+    # with PROBE_MIN_REPLICAS of its own it probes as the fleet does
+    ready = {"H100": 6, "H200": PROBE_MIN_REPLICAS}
+    state = {"t": 0.0, "q": 0.2, "n": 10, "gpus": {"H100": {"scale": 1.0, "hi": None, "hi_t": None},
+                                                     "H200": {"scale": 1.0, "hi": None, "hi_t": None}}}
+    units, _ = load_units_by_gpu(state, CFG, ready, priors, 0.8 * 2.0 * 9.6, None)
+    scales, _, _ = learn_by_gpu(state, Observed(5.0, None, 10, True, 0, 0.2), units, CFG, 0.8, None, ready)
+    assert scales["H200"] > 1.0 and scales["H100"] > 1.0
 
 
 def test_a_state_from_before_the_per_gpu_learner_applies_to_every_gpu_type() -> None:

@@ -164,6 +164,27 @@ def test_unavailability_window_blocks_launches() -> None:
     assert s["gpu_hours_by_pool"]["aws-spot"] > 0
 
 
+def test_a_spot_launch_short_of_capacity_keeps_the_pool_unavailable_for_the_providers_window() -> None:
+    """The AWS and GCP pools (and Karpenter's) mark a pool unavailable for capacity_unavailable_s
+    (180 s) after a launch finds no capacity; the simulated pool does the same. It cleared the mark
+    as soon as the nodes it had left fit the capacity, so placement, which keeps only the ready
+    replicas of an unavailable pool, cancelled the order and was offered the pool again ten seconds
+    later (on a conversation day with the shared spot traces, twelve replicas ordered and dropped
+    on alternate ticks)."""
+    # gcp-spot (the cheapest pool, one replica a node) has capacity for one node of the four the
+    # load asks of it once it outgrows on-prem at 5 minutes
+    trace = SpotTrace("scarce", np.array([0.0]), np.array([0.25]), 10_000.0, True)
+    spot = {"gcp-spot": SpotModel(notice_s=30.0, trace=trace, scale_nodes=4, pool="gcp-spot", seed=1)}
+    work = F.rate_series([F.rate_at_slo() * 2.0] * 5 + [F.rate_at_slo() * 11.0] * 25)
+    su = F.setup(work, spot=spot, mode="fluid", seed=2)
+    assert su.options.capacity_unavailable_s == 180.0
+    res = simulate(su, TidegateController(F.policy(min_replicas=1)))
+    moves = [(t, a, b) for t, pool, a, b in res.actions if pool == "gcp-spot"]
+    failed = next(t for t, a, b in moves if b > 1)  # the order past the capacity
+    again = [t for t, a, b in moves if t > failed and b > a]
+    assert again and again[0] >= failed + 180.0, moves
+
+
 def test_drawn_interruptions_happen_at_the_configured_rate() -> None:
     spot = {n: SpotModel(notice_s=120.0 if n == "aws-spot" else 30.0, interruptions_per_node_hour=6.0, pool=n, seed=9)
             for n in ("aws-spot", "gcp-spot")}
