@@ -547,8 +547,8 @@ def learn_by_gpu(state: Mapping[str, Any], obs: Observed, load_units: Mapping[st
     back up to the profile, and falls with the fleet): its share of the fleet's pressure is too
     small for calm to say anything of what it sustains. Probing on it, one H200 replica beside
     nine H100 ones (held under the load they saw pressure at) rose from 1.43 to the 4.0 cap in 25
-    minutes on a day of long prompts, and the fleet sized with it dropped every cloud replica in
-    one tick and ordered them back in the next."""
+    minutes on a day of long prompts; on a conversation day a fleet sized with such a scale
+    dropped every cloud replica in one tick and ordered them back within four."""
     fleet = {k: state[k] for k in _FLEET_FIELDS if k in state}
     known = state.get(GPU_KEY)
     gpus = sorted(set(load_units) | (set(known) if type(known) is dict or isinstance(known, Mapping) else set()))

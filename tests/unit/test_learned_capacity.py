@@ -587,8 +587,8 @@ def test_a_gpu_type_with_few_replicas_beside_another_does_not_probe() -> None:
     PROBE_MIN_REPLICAS ready replicas of its own while others serve too (it still comes back to its
     profile, and falls with the fleet). Probing on the fleet's calm, with H100 held under the load
     it saw pressure at, H200 rose from 1.43 to the 4.0 cap in 25 minutes on a day of long prompts
-    (bench/day_traces.py --training), and the fleet sized with it dropped every cloud replica in one
-    tick and ordered them back in the next."""
+    (bench/day_traces.py --training); on a conversation day a fleet sized with such a scale dropped
+    every cloud replica in one tick and ordered them back within four."""
     state: dict = {"t": 0.0, "q": 0.2, "n": 10,
                    "gpus": {"H100": {"scale": 0.76, "hi": 0.77, "hi_t": 0.0}, "H200": {"scale": 1.43, "hi": None, "hi_t": None}}}
     priors = {"H100": CAP, "H200": CAP}
