@@ -562,10 +562,8 @@ def learn_by_gpu(state: Mapping[str, Any], obs: Observed, load_units: Mapping[st
             scale, ev, new = _learn({**fleet, **fields}, obs, load_units[gpu], cfg, planned_fraction,
                                     None if served_units is None else served_units.get(gpu))
             new_fleet = new
-            if (ready is not None and len(load_units) > 1 and ready.get(gpu, 0) < PROBE_MIN_REPLICAS
-                    and scale > max(1.0, learned_scale(state, gpu, cfg))):
-                scale = new["scale"] = max(1.0, learned_scale(state, gpu, cfg))
-                ev += f", too few {gpu} replicas to probe"
+            scale, ev = _few_to_probe(state, cfg, gpu, ready, len(load_units), scale, ev)
+            new["scale"] = scale
             evidence.append((gpu, ev))
             per[gpu] = {"scale": new["scale"], "hi": new["hi"], "hi_t": new["hi_t"]}  # _GPU_FIELDS
         else:  # no replica of it ready: nothing to learn about it this tick
@@ -577,6 +575,20 @@ def learn_by_gpu(state: Mapping[str, Any], obs: Observed, load_units: Mapping[st
     out = {k: v for k, v in new_fleet.items() if k not in _GPU_FIELDS}
     out[GPU_KEY] = per
     return scales, _one_line(evidence), out
+
+
+def _few_to_probe(state: Mapping[str, Any], cfg: CapacityLearning, gpu: str, ready: Mapping[str, int] | None,
+                  serving: int, scale: float, evidence: str) -> tuple[float, str]:
+    """(scale, evidence) of ``gpu`` while ``serving`` GPU types have ready replicas: beside others,
+    with fewer than PROBE_MIN_REPLICAS of its own ready, no rise above its profile or its estimate
+    (see :func:`learn_by_gpu`). ``ready``: ready replicas per GPU type (``None``: not known, no
+    hold)."""
+    if ready is None or serving < 2 or ready.get(gpu, 0) >= PROBE_MIN_REPLICAS:
+        return scale, evidence
+    held = max(1.0, learned_scale(state, gpu, cfg))
+    if scale <= held:
+        return scale, evidence
+    return held, evidence + f", too few {gpu} replicas to probe"
 
 
 def _idle(state: Mapping[str, Any], now_s: float, cfg: CapacityLearning) -> tuple[float, dict[str, Any]]:
