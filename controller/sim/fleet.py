@@ -322,8 +322,7 @@ class Fleet(Billing):
                 order = sorted(range(len(live)), key=lambda i: (live[i].state != N_PROV, -live[i].launched_s, ties[i]))
                 for i in order[:excess]:
                     self._notice(live[i])
-        if (pool.blocked and self.now >= pool.blocked_until
-                and (cap is None or cap > sum(1 for n in pool.nodes if n.state != N_GONE and not n.noticed))):
+        if pool.may_reopen(self.now):
             pool.blocked = False
             pool.backoff_until = -INF
             if self.ctrl.node_mode == "direct":

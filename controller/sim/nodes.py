@@ -85,6 +85,14 @@ class _Pool:
         binding needs one (``Fleet._bind``), so a model's world holds the nodes it uses rather than
         every node of a pool that a thousand models share."""
 
+    def may_reopen(self, now: float) -> bool:
+        """A blocked spot pool is offered again once its window has passed and the capacity holds
+        more nodes than it has live (not gone, not noticed)."""
+        if not self.blocked or self.spot is None or now < self.blocked_until:
+            return False
+        cap = self.spot.capacity_nodes(now)
+        return cap is None or cap > sum(1 for n in self.nodes if n.state != N_GONE and not n.noticed)
+
     def alive_nodes(self) -> list[_Node]:
         return [n for n in self.nodes if n.state != N_GONE]
 

@@ -14,7 +14,7 @@ import numpy as np
 from controller.core.model import ModelSignals, PoolState, Sample
 from controller.core.signals import model_signal_names
 from controller.sim.control import Observation
-from controller.sim.nodes import INF, N_GONE, P_PENDING, P_READY, P_STARTING, _Pool
+from controller.sim.nodes import INF, P_PENDING, P_READY, P_STARTING, _Pool
 from controller.sim.serving import Serving
 from controller.sim.state import _NOT_SCRAPED, EV_SCRAPE
 from controller.sim.stats import ZERO_HIST, hist_quantile, percentile
@@ -121,12 +121,9 @@ class Scraping(Serving):
         w = self.opt.interruption_window_s
         if pool.notices and pool.notices[0] < now - w:
             del pool.notices[:bisect_left(pool.notices, now - w)]
-        if pool.blocked and pool.spot is not None and now >= pool.blocked_until:
-            cap = pool.spot.capacity_nodes(now)
-            live = sum(1 for n in pool.nodes if n.state != N_GONE and not n.noticed)
-            if cap is None or cap > live:
-                pool.blocked = False
-                self.version += 1
+        if pool.may_reopen(now):
+            pool.blocked = False
+            self.version += 1
         ready = noticed = pending = 0
         for p in pool.pods:  # one pass: this runs at every tick while a spot pool is blocked
             state = p.state
