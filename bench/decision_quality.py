@@ -211,7 +211,8 @@ def run_one(case: Case, seed: int, controller: str, setting: Any) -> dict[str, A
         extra["relaxed_bound_cost"] = (relaxed_bound_usd(sc.setup, plan, min_replicas=m, attainment=a)
                                        if math.isfinite(a) else extra["relaxed_bound_full_cost"])
     return {"case": case.name, "controller": controller, "setting": setting, "attainment": s["slo_attainment"],
-            "cost": s["cost_usd"], "wall_s": round(res.wall_s, 1), "mode": s["mode"], **extra}
+            "cost": s["cost_usd"], "wall_s": round(res.wall_s, 1), "mode": s["mode"],
+            "undone_scale_downs": res.undone_scale_downs(), **extra}
 
 
 DEFAULT_CAPACITY_FRACTION = 0.8
@@ -464,14 +465,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def default_points(cases: list[Case], seed: int, jobs: int) -> int:
-    """tidegate's default point on each case, one line each (split, trace, attainment, cost): a
-    quick look at one policy change, without the frontiers, the baselines or the plan."""
+    """tidegate's default point on each case, one line each (split, trace, attainment, cost, pool
+    scale-downs undone within a minute): a quick look at one policy change, without the
+    frontiers, the baselines or the plan."""
     with ProcessPoolExecutor(max_workers=jobs) as ex:
         futs = [(c, ex.submit(run_one, c, seed, "tidegate", DEFAULT_CAPACITY_FRACTION))
                 for c in sorted(cases, key=lambda c: -c.weight)]
         for c, f in futs:
             r = f.result()
-            print(f"{c.split:12s} {c.name:22s} {_pct(r['attainment'])} ${r['cost']:,.2f}", flush=True)
+            print(f"{c.split:12s} {c.name:22s} {_pct(r['attainment'])} ${r['cost']:,.2f}"
+                  f"  undone scale-downs {r['undone_scale_downs']}", flush=True)
     return 0
 
 

@@ -36,7 +36,7 @@ simulator calls ``decide`` hundreds of thousands of times.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -594,6 +594,23 @@ def _lead_time(prev: _Step, op: _Opinions, model: ModelSpec, pools: Mapping[str,
     return max_cloud, _Step(placed, code, Stage("lead-time", placed, code, f"{value} -> {placed}: {cap.message}"))
 
 
+def _window_held(total: int, asked: int, recommendations: tuple[tuple[datetime, int], ...], now: datetime,
+                 spec: PolicySpec, lo: int, fixed: Mapping[str, int], effect: OverrideEffect) -> int:
+    """Replicas of ``total`` that only the scale-down memory holds (stabilization window, rate
+    limit): above the most the rules asked within the cloud's short window
+    (``spec.lead_time.cloud_scale_down_s``: ``asked`` now, the missing-data stage's value, and the
+    kept ``recommendations``; raised to the min ``lo``). Placement keeps them where they are but
+    buys no cloud replica for them. None under an operator's pins."""
+    if fixed or effect.pin_total is not None:
+        return 0
+    cutoff = now - timedelta(seconds=spec.lead_time.cloud_scale_down_s)
+    for at, value in reversed(recommendations):  # oldest first: the recent ones are at the end
+        if at <= cutoff:
+            break
+        asked = max(asked, value)
+    return max(0, total - max(asked, lo))
+
+
 def _cost_cap(budget: Budget, rate: float | None, lo: int, total: int, fill: Callable[..., PlacementResult]) -> _Cap:
     """Stage 11, first half: the ceiling placement works within, at the fresh output token
     ``rate``. ``fill(total=, max_cost_per_hour_usd=)`` places like the placement stage will."""
@@ -715,13 +732,12 @@ def decide(
     observed = sum(previous.values())
     spare = held_spare(history.rule_state)  # spares (spot hedge, fallback return) are no demand:
     current = observed - spare if spare < observed else 0  # the rules and safeguards see the rest
-    max_age_s = spec.missing_data.max_signal_age_s
     fresh, ready, pressure = _observe(model, signals, spec, now)
     learned = _capacity(model, pools, signals, previous, policy, history, now, fresh, ready, pressure)
     op = _opinions(policy, history, partial(
         PolicyContext, model=model, signals=signals, now=now, current_replicas=current,
         ready_replicas=ready, capacity=None if learned is None else learned.capacity,
-        slo=policy.slo_targets, max_signal_age_s=max_age_s))
+        slo=policy.slo_targets, max_signal_age_s=spec.missing_data.max_signal_age_s))
     if learned is not None:
         op.rule_state[learned_capacity.STATE_KEY] = learned.state
     recommended = _recommend(op, current, learned)
@@ -738,7 +754,8 @@ def decide(
                                   fresh.arrivals, pressure.value, lo, effect.pin_total is not None, now)
     fill = partial(place, model=model, pools=pools, states=states, placement=spec.placement, drained=drained,
                    pinned=fixed, max_total=effect.bounds_for(spec.bounds.min_replicas, spec.bounds.max_replicas)[1],
-                   max_cloud=max_cloud, returning=held_spare(history.rule_state, "return") if spare else 0)
+                   max_cloud=max_cloud, returning=held_spare(history.rule_state, "return") if spare else 0,
+                   window_held=_window_held(timed.value, guarded.value, recommendations, now, spec, lo, fixed, effect))
     cap = _cost_cap(spec.budget, fresh.output_tokens, lo, timed.value, fill)
     result = fill(total=timed.value, max_cost_per_hour_usd=cap.usd)
     placed = _placement(timed, result, current, previous, fixed)

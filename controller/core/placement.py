@@ -26,7 +26,11 @@ rules, in the order they apply:
    the one of them with the fewest replicas, ties to the cheaper), then on-demand as the fallback
    (when allowed), the cloud tiers within ``max_cloud``. A replica is added only if the cost stays
    within the cap, so the result is the best placement the budget allows; cloud pools are tried
-   when on-prem is full or unaffordable.
+   when on-prem is full or unaffordable. The replicas only the scale-down memory holds
+   (``window_held``: the stabilization window or rate limit above what the rules asked lately)
+   that no pool kept (interrupted, on an unavailable pool) take on-prem room and free slots on
+   cloud nodes already paid for, but no cloud node is bought for them (``HeldNotReplaced``): a
+   cloud order serves after its lead time, by when the window has let them go.
 5. **Spread repair**: when more than one replica is on spot but fewer spot pools hold them than
    the spread asks for (and open spot pools exist), move replicas from the fullest spot pool to
    the cheapest empty one, within the budget. Interruptions hit one pool at a time; a spread
@@ -94,6 +98,7 @@ from controller.core.reasons import (  # the codes as plain strings: see control
     SPOT_POOL_UNAVAILABLE as _SPOT_POOL_UNAVAILABLE,
     POOL_UNAVAILABLE as _POOL_UNAVAILABLE,
     ON_DEMAND_FALLBACK as _ON_DEMAND_FALLBACK,
+    HELD_NOT_REPLACED as _HELD_NOT_REPLACED,
     SPOT_HEDGE as _SPOT_HEDGE,
     FALLBACK_RETURN as _FALLBACK_RETURN,
 )
@@ -183,14 +188,17 @@ class PlacementResult:
     """Per pool: what was still valid of the current placement (step 1)."""
     reason: str
     """The most significant ``Reason``: ``BudgetCapReached``, ``CapacityExhausted``,
-    ``OverrideDrain``, ``SpotInterrupted``, ``SpotPoolUnavailable``, ``PoolUnavailable``,
-    ``OnDemandFallback`` or ``Placed``."""
+    ``OverrideDrain``, ``HeldNotReplaced``, ``SpotInterrupted``, ``SpotPoolUnavailable``,
+    ``PoolUnavailable``, ``OnDemandFallback`` or ``Placed``."""
     events: tuple[tuple[str, str], ...]
     """(reason code, message) for everything noteworthy, in the order it happened."""
     interrupted_removed: int = 0
     """Replicas taken off nodes with interruption notices."""
     interrupted_replaced: int = 0
     """Of those, how many were replaced in other pools in this placement."""
+    not_replaced: int = 0
+    """Replicas of ``requested`` that only the scale-down memory held and no pool kept: not bought
+    in the cloud (``place``'s ``window_held``; reason ``HeldNotReplaced``)."""
     capacity_limited: bool = False
     """Fewer than ``requested`` because no usable pool had room."""
     budget_limited: bool = False
@@ -279,12 +287,14 @@ class _Trim(NamedTuple):
 
 
 class _Fill(NamedTuple):
-    """Step 4's value: what was added for the total."""
+    """Step 4's value: what was added for the total, and what of it was not bought (held by the
+    scale-down memory only)."""
 
     cost: float
     added: int
     on_demand: int
     events: list[tuple[str, str]]
+    not_bought: int = 0
 
 
 class _Shortfall(NamedTuple):
@@ -308,8 +318,9 @@ def place(
     max_total: int | None = None,
     max_cloud: int | None = None,
     returning: int = 0,
+    window_held: int = 0,
 ) -> PlacementResult:
-    """Replicas per pool for ``total`` replicas of ``model``.
+    """Replicas per pool for ``total`` replicas of ``model``, by the module docstring's steps.
 
     ``states`` gives each pool's current replicas (``None`` reads as 0 here: the pipeline refuses
     to place before every pool has been observed), readiness, availability, interruption notices
@@ -319,9 +330,7 @@ def place(
     total with the spares (the spot hedge's, none with pins; the fallback return's). ``max_cloud``
     caps the replicas on the unpinned cloud pools, spares included (``None``: no cap).
     ``returning``: the previous decision's ``return_spare`` (step 2 cancels those still starting).
-
-    The steps of the module docstring, in order, each a function of its own; they work on the
-    pools' private working views and return what they did and their events.
+    ``window_held``: of ``total``, what only the scale-down memory holds (step 4 buys no cloud for it).
     """
     cap = max_cost_per_hour_usd
     kept = _keep_valid(model, pools, states, placement, drained, pinned or {})
@@ -332,7 +341,8 @@ def place(
     released = _released(views, returning - cancelled) if returning > cancelled else _NO_RETURN
     cloud_events = _trim_cloud(views, max_cloud)
     trim = _trim_to_budget(views, cap)
-    fill = _fill(views, want, trim, cap, placement, max_cloud)
+    fill = _fill(views, want, trim, cap, placement, max_cloud, window_held)
+    want -= fill.not_bought
     spread = _repair_spread(views, fill.cost, cap, placement.spot_spread_min_pools)
     hedge = _fill_hedge(views, want, risk, cap, placement, max_cloud)
     back = _return_from_fallback(views, cap, max_total, max_cloud, risk.interrupted, placement)
@@ -342,13 +352,13 @@ def place(
         cost_per_hour_usd=sum([p.cost() for p in views]),
         requested=total,
         kept={p.name: p.kept for p in views},
-        reason=_hedge_reason(_return_reason(_reason(kept, short, fill.on_demand), released, back), hedge),
+        reason=_hedge_reason(_return_reason(_reason(kept, short, fill), released, back), hedge),
         events=tuple(kept.events + released.events + cloud_events + trim.events + fill.events + spread + hedge.events
                      + back.events + short.events),
         hedge_spare=hedge.spare,
         return_spare=back.replicas, return_released=released.replicas,
         interrupted_removed=kept.interrupted_removed,
-        interrupted_replaced=min(kept.interrupted_removed, fill.added),
+        interrupted_replaced=min(kept.interrupted_removed, fill.added), not_replaced=fill.not_bought,
         capacity_limited=short.capacity_limited,
         budget_limited=short.budget_limited,
         budget_removed=trim.removed,
@@ -636,29 +646,61 @@ def _ranked(views: list[_Pool], tier: int) -> list[_Pool]:
 
 
 def _fill(views: list[_Pool], want: int, trim: _Trim, cap: float | None, placement: PlacementSpec,
-          max_cloud: int | None = None) -> _Fill:
+          max_cloud: int | None = None, window_held: int = 0) -> _Fill:
     """Step 4, too few: on-prem, then spot (spread), then on-demand, the cloud tiers within
-    ``max_cloud``; each replica only within the budget."""
+    ``max_cloud``; each replica only within the budget. The ``window_held`` replicas of ``want``
+    (the scale-down memory's, above what the rules ask now) take on-prem room and free slots on
+    cloud nodes already paid for, but no cloud node is bought for them: a cloud order serves after
+    its lead time, by when the window has let them go (``HeldNotReplaced``)."""
     cost = trim.cost
     need = want - sum([p.replicas for p in views])
     if need <= 0:
         return _Fill(cost, 0, 0, [])
     added, cost = _fill_tier(_ranked(views, _ONPREM), need, cost, cap)
-    on_demand = 0
     cloud_room = need if max_cloud is None else max(0, max_cloud - _cloud(views))
     # Budget already forced on-prem replicas out: cloud replicas would only replace them.
-    if added < need and not trim.onprem and cloud_room > 0:
-        n, cost = _fill_spot(_ranked(views, _SPOT), min(need - added, cloud_room), cost, cap,
-                             placement.spot_spread_min_pools)
-        added += n
-        cloud_room -= n
-        if added < need and placement.allow_on_demand and cloud_room > 0:
-            on_demand, cost = _fill_tier(_ranked(views, _ONDEMAND), min(need - added, cloud_room), cost, cap)
-            added += on_demand
-    if not on_demand:
+    if added >= need or trim.onprem or cloud_room <= 0:
         return _Fill(cost, added, 0, [])
-    return _Fill(cost, added, on_demand,
-                 [(_ON_DEMAND_FALLBACK, f"on-prem and spot full: {on_demand} on on-demand")])
+    # (a budget that removed replicas says why the rest is short: it is not the window's)
+    held = 0 if trim.removed else min(window_held, need - added, _cloud_room(views, placement.allow_on_demand, max_cloud))
+    n, on_demand, cost = _fill_cloud(views, min(need - added - held, cloud_room), cost, cap, placement)
+    free = on_demand_free = 0
+    if held:
+        free, on_demand_free = _fill_free_slots(views, held, cloud_room - n, placement.allow_on_demand)
+    events = [(_HELD_NOT_REPLACED, f"{held - free} of {want} held by the scale-down window only: not bought in the "
+                                   "cloud" + (f" ({free} on nodes already paid for)" if free else ""))] if held > free else []
+    on_demand += on_demand_free
+    if on_demand:
+        events.append((_ON_DEMAND_FALLBACK, f"on-prem and spot full: {on_demand} on on-demand"))
+    return _Fill(cost, added + n + free, on_demand, events, held - free)
+
+
+def _fill_cloud(views: list[_Pool], n: int, cost: float, cap: float | None, placement: PlacementSpec
+                ) -> tuple[int, int, float]:
+    """Up to ``n`` replicas on spot (spread), then on-demand when allowed: (added, of them on
+    on-demand, new cost)."""
+    if n <= 0:
+        return 0, 0, cost
+    added, cost = _fill_spot(_ranked(views, _SPOT), n, cost, cap, placement.spot_spread_min_pools)
+    on_demand = 0
+    if added < n and placement.allow_on_demand:
+        on_demand, cost = _fill_tier(_ranked(views, _ONDEMAND), n - added, cost, cap)
+    return added + on_demand, on_demand, cost
+
+
+def _fill_free_slots(views: list[_Pool], n: int, room: int, allow_on_demand: bool) -> tuple[int, int]:
+    """Up to ``n`` replicas (within ``room``) into the free slots of cloud nodes the placement
+    already pays for (a replica there costs nothing more), spot first, cheapest first: (added, of
+    them on on-demand)."""
+    added = on_demand = 0
+    for p in sorted((p for p in views if p.accepts and p.tier != _ONPREM and (p.tier != _ONDEMAND or allow_on_demand)),
+                    key=_tier_rank):
+        k = min(min(p.nodes() * p.per_node, p.capacity) - p.replicas, n - added, room - added)
+        if k > 0:
+            p.replicas += k
+            added += k
+            on_demand += k if p.tier == _ONDEMAND else 0
+    return added, on_demand
 
 
 def _fill_tier(ranked: list[_Pool], need: int, cost: float, cap: float | None) -> tuple[int, float]:
@@ -749,11 +791,16 @@ def _spread_source(spot: list[_Pool]) -> _Pool | None:
 def _room(views: list[_Pool], allow_on_demand: bool, max_cloud: int | None = None) -> int:
     """Replicas the pools that take new ones could still hold (the cloud ones within ``max_cloud``)."""
     onprem = sum(p.capacity - p.replicas for p in views if p.accepts and p.tier == _ONPREM)
+    return onprem + _cloud_room(views, allow_on_demand, max_cloud)
+
+
+def _cloud_room(views: list[_Pool], allow_on_demand: bool, max_cloud: int | None) -> int:
+    """Replicas the cloud pools that take new ones could still hold, within ``max_cloud``."""
     cloud = sum(p.capacity - p.replicas for p in views
                 if p.accepts and p.tier != _ONPREM and (p.tier != _ONDEMAND or allow_on_demand))
     if max_cloud is not None:
         cloud = min(cloud, max(0, max_cloud - _cloud(views)))
-    return onprem + cloud
+    return cloud
 
 
 def _shortfall(views: list[_Pool], want: int, cap: float | None, allow_on_demand: bool,
@@ -803,7 +850,7 @@ def _before(a: _Pool, b: _Pool) -> str:
     return f"{a.name} before {b.name}: same ${a.eff_cost:.2f} per replica-hour and priority, by name"
 
 
-def _reason(kept: _Kept, short: _Shortfall, on_demand: int) -> str:
+def _reason(kept: _Kept, short: _Shortfall, fill: _Fill) -> str:
     """The most significant reason code, in this order of precedence."""
     moved = kept.moved_off
     if short.budget_limited:
@@ -812,13 +859,15 @@ def _reason(kept: _Kept, short: _Shortfall, on_demand: int) -> str:
         return _CAPACITY_EXHAUSTED
     if moved.get(_OVERRIDE_DRAIN):
         return _OVERRIDE_DRAIN
+    if fill.not_bought:
+        return _HELD_NOT_REPLACED
     if kept.interrupted_removed:
         return _SPOT_INTERRUPTED
     if moved.get(_SPOT_POOL_UNAVAILABLE):
         return _SPOT_POOL_UNAVAILABLE
     if moved.get(_POOL_UNAVAILABLE):
         return _POOL_UNAVAILABLE
-    if on_demand:
+    if fill.on_demand:
         return _ON_DEMAND_FALLBACK
     return _PLACED
 

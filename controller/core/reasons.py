@@ -54,6 +54,10 @@ class Reason(str, enum.Enum):
     POOL_UNAVAILABLE = "PoolUnavailable"
     SPOT_INTERRUPTED = "SpotInterrupted"
     ON_DEMAND_FALLBACK = "OnDemandFallback"
+    HELD_NOT_REPLACED = "HeldNotReplaced"
+    """Replicas only the scale-down memory holds (stabilization window, rate limit: above what the
+    rules ask now) that no pool kept (interrupted, on an unavailable pool) are not bought again in
+    the cloud, whose orders serve after the window lets them go; on-prem room still takes them."""
     SPOT_HEDGE = "SpotHedge"
     """Spare replicas placed away from spot pools with recent interruptions (placement.spot_hedge)."""
     FALLBACK_RETURN = "FallbackReturn"
@@ -93,5 +97,6 @@ SPOT_INTERRUPTED = Reason.SPOT_INTERRUPTED.value
 SPOT_POOL_UNAVAILABLE = Reason.SPOT_POOL_UNAVAILABLE.value
 POOL_UNAVAILABLE = Reason.POOL_UNAVAILABLE.value
 ON_DEMAND_FALLBACK = Reason.ON_DEMAND_FALLBACK.value
+HELD_NOT_REPLACED = Reason.HELD_NOT_REPLACED.value
 SPOT_HEDGE = Reason.SPOT_HEDGE.value
 FALLBACK_RETURN = Reason.FALLBACK_RETURN.value

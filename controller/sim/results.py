@@ -27,6 +27,18 @@ class RunResult:
     actions: list[tuple[float, str, int, int]] = field(default_factory=list)
     """(time s, pool, from, to) of every scaling action."""
 
+    def undone_scale_downs(self, within_s: float = 60.0) -> int:
+        """Pool scale-downs undone within ``within_s`` seconds: a pool's replicas fall and its
+        next action, that soon, raises them again (churn: nodes released and ordered back)."""
+        down_at: dict[str, float] = {}
+        n = 0
+        for t, pool, before, after in self.actions:
+            if after < before:
+                down_at[pool] = t
+            elif after > before and pool in down_at and t - down_at.pop(pool) <= within_s:
+                n += 1
+        return n
+
 
 class Reporting(Scraping):
     """The timeline and the summary of a run."""

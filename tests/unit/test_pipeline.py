@@ -543,3 +543,30 @@ def test_a_p99_ttft_over_target_is_capacity_pressure_only_while_requests_wait(qu
                   queue_depth=Sample(queue, NOW))
     evidence = run(pol, sig=sig).history.rule_state["@capacity"]["evidence"]
     assert evidence.startswith("pressure") == pressure, evidence
+
+
+@pytest.mark.parametrize(("later_s", "expected", "reason"), [
+    # the rules asked for 8 half a minute ago: the lost replicas are bought again at once
+    (30, {"onprem": 4, "spot-a": 1, "spot-b": 3, "od": 0}, Reason.SPOT_POOL_UNAVAILABLE),
+    # they asked for 2 for the last two minutes: the window still holds 8, but a cloud order
+    # would serve after it lets them go; the replicas that stand stay
+    (120, {"onprem": 4, "spot-a": 1, "spot-b": 1, "od": 0}, Reason.HELD_NOT_REPLACED),
+])
+def test_replicas_the_window_holds_are_not_bought_again_once_the_load_has_gone(later_s, expected, reason) -> None:
+    pol = policy(PerQueue(PerQueue.Params()), behavior={**QUIET, "scale_down": {"stabilization_s": 300, "policies": []}})
+    placement = {"onprem": 4, "spot-a": 3, "spot-b": 1}
+    d = run(pol, placement, sig=signals(placement, NOW, queue_depth=Sample(80.0, NOW)))
+    assert d.replicas == 8
+    for t in range(60, later_s + 1, 60):  # the load gone: 20 queued asks for 2
+        now = NOW + timedelta(seconds=t)
+        d = run(pol, placement, history=d.history, now=now, sig=signals(placement, now, queue_depth=Sample(20.0, now)))
+        assert stage(d, "recommend").replicas == 2
+        assert d.replicas == 8 and {k: v for k, v in d.placement.items() if v} == placement  # held where they are
+    now = NOW + timedelta(seconds=later_s + 5)
+    sig = signals(placement, now, queue_depth=Sample(20.0, now))
+    pools = dict(sig.pools)
+    pools["spot-a"] = replace(pools["spot-a"], available=False, ready_replicas=1)  # 2 not ready yet, say
+    d = run(pol, placement, history=d.history, now=now, sig=replace(sig, pools=pools))
+    assert stage(d, "stabilize").replicas == 8
+    assert d.placement == expected
+    assert stage(d, "placement").reason == reason.value, d.trace

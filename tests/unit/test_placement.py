@@ -478,3 +478,64 @@ def test_prop_a_large_scale_in_is_never_dearer_than_the_dearest_replica_hour_fir
     assert all(res.replicas[n] <= current[n] for n in pools)
     old = _dearest_replica_hour_first(pools, current, sum(current.values()) - total)
     assert res.cost_per_hour_usd <= placement_cost(model, pools, {}, old) + 1e-6
+
+
+# -- the scale-down window's replicas are not bought again in the cloud --------------------------
+
+def test_replicas_only_the_window_holds_are_not_bought_again_in_the_cloud() -> None:
+    # 2 on-prem (full) and 4 on spot-a, which becomes unavailable with 1 ready: 3 are dropped. Of
+    # the total 6, the window holds 4 above what the rules ask (2): nothing is bought for them.
+    lost = {"spot_a": {"available": False, "ready_replicas": 1}}
+    before = run(STD, {"onprem": 2, "spot-a": 4}, 6, extra=lost)
+    assert before.replicas == {"onprem": 2, "spot-a": 1, "spot-b": 3, "od": 0}  # without the rule: re-bought
+    held = run(STD, {"onprem": 2, "spot-a": 4}, 6, extra=lost, window_held=4)
+    assert held.replicas == {"onprem": 2, "spot-a": 1, "spot-b": 0, "od": 0}
+    assert held.not_replaced == 3 and held.reason == Reason.HELD_NOT_REPLACED.value
+    assert not held.capacity_limited and not held.budget_limited
+    assert any(code == Reason.HELD_NOT_REPLACED.value and "3 of 6" in msg for code, msg in held.events)
+    # what the rules ask beyond what is kept is bought as before: 6 - 1 held = 5, 3 kept
+    some = run(STD, {"onprem": 2, "spot-a": 4}, 6, extra=lost, window_held=1)
+    assert some.replicas == {"onprem": 2, "spot-a": 1, "spot-b": 2, "od": 0} and some.not_replaced == 1
+
+
+def test_held_replicas_take_on_prem_room_and_free_slots_on_nodes_already_paid_for() -> None:
+    # on-prem room is used for them (it is there already)
+    roomy = run(STD, {"onprem": 0, "spot-a": 3}, 3, extra={"spot_a": {"available": False, "ready_replicas": 0}},
+                window_held=3)
+    assert roomy.replicas == {"onprem": 2, "spot-a": 0, "spot-b": 0, "od": 0} and roomy.not_replaced == 1
+    # two replicas a node on spot-b: the node bought for the one the rules ask holds a held one free
+    pools = fleet(pool("onprem", ONPREM, 4.0, nodes=1), pool("spot-a", AWS_SPOT, 2.0), pool("spot-b", GCP_SPOT, 3.0, gpus=2))
+    res = run(pools, {"onprem": 1, "spot-a": 4}, 5, extra={"spot_a": {"available": False, "ready_replicas": 1}},
+              window_held=2)
+    assert res.replicas == {"onprem": 1, "spot-a": 1, "spot-b": 2}
+    assert res.not_replaced == 1
+    assert res.cost_per_hour_usd == pytest.approx(4.0 + 2.0 + 3.0)
+
+
+def test_a_budget_that_removed_replicas_is_the_reason_not_the_window() -> None:
+    res = run(STD, {"onprem": 2, "spot-a": 4}, 6, cap=10.0, window_held=4)
+    assert res.budget_limited and res.not_replaced == 0
+    assert res.reason == Reason.BUDGET_CAP_REACHED.value
+
+
+def test_no_cloud_to_buy_is_capacity_not_the_window() -> None:
+    pools = fleet(pool("onprem", ONPREM, 4.0, nodes=2))
+    res = run(pools, {"onprem": 2}, 4, window_held=2)
+    assert res.capacity_limited and res.not_replaced == 0
+    assert res.reason == Reason.CAPACITY_EXHAUSTED.value
+
+
+@given(scenarios(), st.integers(0, 12))
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_prop_held_replicas_never_add_cloud_nodes(sc: Scenario, window_held: int) -> None:
+    """With ``window_held``, the cloud holds no more nodes than without it, the placement never
+    costs more, on-prem is filled as before, and the total falls short of it by at most what is
+    reported as not replaced."""
+    plain = _place(sc)
+    held = place(model=sc.model, pools=sc.pools, states=sc.states, total=sc.total, placement=sc.spec,
+                 max_cost_per_hour_usd=sc.cap, window_held=window_held)
+    onprem = [n for n, p in sc.pools.items() if p.tier is Tier.ONPREM]
+    assert held.cost_per_hour_usd <= plain.cost_per_hour_usd + 1e-9
+    assert [held.replicas[n] for n in onprem] == [plain.replicas[n] for n in onprem]
+    assert held.not_replaced <= window_held
+    assert plain.total - held.total <= held.not_replaced

@@ -185,6 +185,23 @@ def test_a_spot_launch_short_of_capacity_keeps_the_pool_unavailable_for_the_prov
     assert again and again[0] >= failed + 180.0, moves
 
 
+def test_a_spot_pool_reclaimed_after_the_load_has_gone_is_not_replaced_on_demand() -> None:
+    """Ten minutes at 11 replicas' load, then one replica's: the scale-down window (300 s) holds the
+    fleet. Two minutes into it gcp-spot is reclaimed whole. Its replicas were held by the window
+    only (the rules had asked for on-prem's worth for two minutes), and an on-demand order would
+    serve after the window let it go: nothing is bought (it bought 4 on aws-od, $5.58 of a $32.60
+    run, released unused three minutes later), and no request is the worse for it."""
+    trace = SpotTrace("gone", np.array([0.0, 720.0]), np.array([1.0, 0.0]), 100_000.0, True)
+    spot = {"gcp-spot": SpotModel(notice_s=30.0, trace=trace, scale_nodes=4, pool="gcp-spot", seed=1)}
+    work = F.rate_series([F.rate_at_slo() * 11.0] * 10 + [F.rate_at_slo() * 1.0] * 20)
+    res = simulate(F.setup(work, spot=spot, mode="fluid", seed=2), TidegateController(F.policy(min_replicas=1)))
+    assert (720.0, "gcp-spot", 4, 0) in res.actions
+    assert not [a for a in res.actions if a[0] >= 720.0 and a[3] > a[2]], res.actions  # nothing bought after
+    s = res.summary
+    assert s["cost_by_pool_usd"]["aws-od"] == 0.0
+    assert s["slo_attainment"] > 0.99
+
+
 def test_drawn_interruptions_happen_at_the_configured_rate() -> None:
     spot = {n: SpotModel(notice_s=120.0 if n == "aws-spot" else 30.0, interruptions_per_node_hour=6.0, pool=n, seed=9)
             for n in ("aws-spot", "gcp-spot")}
@@ -276,3 +293,15 @@ def test_prompt_tokens_per_request_read_the_traces_while_a_backlog_builds() -> N
     assert len(early) >= 5
     assert float(np.median(early)) == pytest.approx(mean_prompt, rel=0.2), (early, mean_prompt)
     assert max(early) < 1.5 * mean_prompt, (max(early), mean_prompt)
+
+
+def test_undone_scale_downs_count_a_pool_falling_and_rising_again_within_the_window() -> None:
+    from controller.sim.results import RunResult
+
+    res = RunResult("x", {}, {}, 0.0, actions=[
+        (0.0, "a", 0, 4), (100.0, "a", 4, 2), (130.0, "a", 2, 4),  # undone after 30 s
+        (140.0, "b", 3, 1), (300.0, "b", 1, 3),                    # after 160 s: not counted
+        (400.0, "a", 4, 1), (420.0, "b", 3, 4), (455.0, "a", 1, 2), (500.0, "a", 2, 3),  # one each
+    ])
+    assert res.undone_scale_downs() == 2
+    assert res.undone_scale_downs(within_s=200.0) == 3
