@@ -190,7 +190,8 @@ def test_a_spot_pool_reclaimed_after_the_load_has_gone_is_not_replaced_on_demand
     fleet. Two minutes into it gcp-spot is reclaimed whole. Its replicas were held by the window
     only (the rules had asked for on-prem's worth for two minutes), and an on-demand order would
     serve after the window let it go: nothing is bought (it bought 4 on aws-od, $5.58 of a $32.60
-    run, released unused three minutes later), and no request is the worse for it."""
+    run, released at 910-925 s, about when provisioning and cold start had made them ready), and
+    no request is the worse for it."""
     trace = SpotTrace("gone", np.array([0.0, 720.0]), np.array([1.0, 0.0]), 100_000.0, True)
     spot = {"gcp-spot": SpotModel(notice_s=30.0, trace=trace, scale_nodes=4, pool="gcp-spot", seed=1)}
     work = F.rate_series([F.rate_at_slo() * 11.0] * 10 + [F.rate_at_slo() * 1.0] * 20)
