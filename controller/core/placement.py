@@ -661,8 +661,7 @@ def _fill(views: list[_Pool], want: int, trim: _Trim, cap: float | None, placeme
     # Budget already forced on-prem replicas out: cloud replicas would only replace them.
     if added >= need or trim.onprem or cloud_room <= 0:
         return _Fill(cost, added, 0, [])
-    # (a budget that removed replicas says why the rest is short: it is not the window's)
-    held = 0 if trim.removed else min(window_held, need - added, _cloud_room(views, placement.allow_on_demand, max_cloud))
+    held = _not_to_buy(views, window_held, need - added, trim, placement, max_cloud)
     n, on_demand, cost = _fill_cloud(views, min(need - added - held, cloud_room), cost, cap, placement)
     free = on_demand_free = 0
     if held:
@@ -673,6 +672,16 @@ def _fill(views: list[_Pool], want: int, trim: _Trim, cap: float | None, placeme
     if on_demand:
         events.append((_ON_DEMAND_FALLBACK, f"on-prem and spot full: {on_demand} on on-demand"))
     return _Fill(cost, added + n + free, on_demand, events, held - free)
+
+
+def _not_to_buy(views: list[_Pool], window_held: int, short: int, trim: _Trim, placement: PlacementSpec,
+                max_cloud: int | None) -> int:
+    """Of the ``short`` replicas the cloud would be asked for, those only the scale-down window
+    holds (at most what the cloud could take). None when the budget removed replicas: the budget
+    says why the rest is short, not the window."""
+    if trim.removed or window_held <= 0:
+        return 0
+    return min(window_held, short, _cloud_room(views, placement.allow_on_demand, max_cloud))
 
 
 def _fill_cloud(views: list[_Pool], n: int, cost: float, cap: float | None, placement: PlacementSpec
@@ -693,8 +702,7 @@ def _fill_free_slots(views: list[_Pool], n: int, room: int, allow_on_demand: boo
     already pays for (a replica there costs nothing more), spot first, cheapest first: (added, of
     them on on-demand)."""
     added = on_demand = 0
-    for p in sorted((p for p in views if p.accepts and p.tier != _ONPREM and (p.tier != _ONDEMAND or allow_on_demand)),
-                    key=_tier_rank):
+    for p in sorted(_cloud_takers(views, allow_on_demand), key=_tier_rank):
         k = min(min(p.nodes() * p.per_node, p.capacity) - p.replicas, n - added, room - added)
         if k > 0:
             p.replicas += k
@@ -794,10 +802,14 @@ def _room(views: list[_Pool], allow_on_demand: bool, max_cloud: int | None = Non
     return onprem + _cloud_room(views, allow_on_demand, max_cloud)
 
 
+def _cloud_takers(views: list[_Pool], allow_on_demand: bool) -> list[_Pool]:
+    """The cloud pools that take new replicas (on-demand only when allowed)."""
+    return [p for p in views if p.accepts and p.tier != _ONPREM and (p.tier != _ONDEMAND or allow_on_demand)]
+
+
 def _cloud_room(views: list[_Pool], allow_on_demand: bool, max_cloud: int | None) -> int:
     """Replicas the cloud pools that take new ones could still hold, within ``max_cloud``."""
-    cloud = sum(p.capacity - p.replicas for p in views
-                if p.accepts and p.tier != _ONPREM and (p.tier != _ONDEMAND or allow_on_demand))
+    cloud = sum(p.capacity - p.replicas for p in _cloud_takers(views, allow_on_demand))
     if max_cloud is not None:
         cloud = min(cloud, max(0, max_cloud - _cloud(views)))
     return cloud
