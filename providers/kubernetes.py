@@ -644,6 +644,8 @@ class PoolObservation:
     """Names of this model's pods on nodes under an interruption notice."""
     pod_spec: Any = None
     """The Deployment's pod template spec (``V1PodSpec``: node selector, affinity), as read."""
+    scheduled_replicas: int = 0
+    """This model's pods bound to a node and not being deleted (ready, or starting there)."""
 
     @property
     def gpus_allocatable(self) -> int:
@@ -779,6 +781,8 @@ class KubernetesPoolProvider:
             if p.spec and p.spec.node_name:
                 pods_by_node[p.spec.node_name] = pods_by_node.get(p.spec.node_name, 0) + 1
         interrupted = sum(c for n, c in pods_by_node.items() if n in noticed)
+        scheduled = sum(1 for p in live if p.spec and p.spec.node_name
+                        and not (p.metadata and p.metadata.deletion_timestamp))
         noticed_pods = tuple(sorted(p.metadata.name for p in live
                                     if p.spec and p.spec.node_name in noticed and p.metadata and p.metadata.name))
 
@@ -817,7 +821,8 @@ class KubernetesPoolProvider:
             selector=selector, nodes=tuple(nodes), pods_by_node=pods_by_node,
             unschedulable_pods=len(stuck_ages), oldest_unschedulable_s=max(stuck_ages) if stuck_ages else None,
             interrupted_replicas=interrupted, notices=notices, namespace=ref.namespace, noticed_pods=noticed_pods,
-            pod_spec=dep.spec.template.spec if dep.spec and dep.spec.template else None)
+            pod_spec=dep.spec.template.spec if dep.spec and dep.spec.template else None,
+            scheduled_replicas=scheduled)
         self._last[model.name] = obs
         return obs
 
@@ -838,7 +843,8 @@ class KubernetesPoolProvider:
         return PoolState(
             pool=self.pool.name, replicas=obs.replicas, ready_replicas=obs.ready_replicas, nodes=nodes,
             available=why is None, unavailable_reason=why, interrupted_replicas=obs.interrupted_replicas,
-            recent_interruptions=self.recent_interruptions(), price_per_node_hour_usd=None, at=now)
+            recent_interruptions=self.recent_interruptions(), price_per_node_hour_usd=None, at=now,
+            scheduled_replicas=obs.scheduled_replicas)
 
     def state(self, model: ModelSpec, now: datetime) -> PoolState:
         return self.to_state(self.observe(model, now), now)

@@ -234,6 +234,10 @@ class PoolState:
     max_nodes: int | None = None
     """The provider's own bound on the pool's nodes now (a Karpenter NodePool's ``spec.limits``);
     placement uses the smaller of it and the spec's ``max_nodes``. ``None``: the spec's alone."""
+    scheduled_replicas: int | None = None
+    """Replicas whose pod is bound to a node now (ready, or starting on a node that is up), those on
+    noticed nodes included; ``None``: unknown. On an unavailable pool these stay (a launched node's
+    replica finishes its cold start) where only the ready ones would otherwise."""
 
 
 @dataclass(frozen=True, slots=True, init=False)

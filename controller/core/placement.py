@@ -9,8 +9,10 @@ rules, in the order they apply:
    pool spec) and drained pools keep nothing. Replicas on nodes with an interruption notice leave
    their pool now and are replaced elsewhere in the same decision; a pool with such notices takes
    no new replicas this tick. An unavailable pool (``PoolState.available`` false, or a spot pool
-   with more recent interruptions than ``max_recent_interruptions``) keeps at most its ready
-   replicas and takes no new ones. No pool keeps more than its capacity
+   with more recent interruptions than ``max_recent_interruptions``) keeps at most its replicas
+   on nodes that are up (ready, or starting there: ``PoolState.scheduled_replicas``; the ready
+   ones alone when the provider cannot tell) and takes no new ones: the replicas still waiting
+   for a node move elsewhere. No pool keeps more than its capacity
    (``max_nodes * (gpus_per_node // tp)``: whole replicas of TP GPUs on whole nodes).
 2. **Too many**: remove on-demand first, then spot, on-prem last; cloud replicas that are not
    ready yet go before any that serve (an order still provisioning is cancelled first), dearest
@@ -421,8 +423,8 @@ def _unavailable(p: _Pool, state: PoolState | None, placement: PlacementSpec) ->
 
 
 def _keep_current(kept: _Kept, p: _Pool, state: PoolState | None, placement: PlacementSpec) -> None:
-    """A usable pool's current replicas, less those on interrupted nodes, those not ready on an
-    unavailable pool, and those beyond its capacity."""
+    """A usable pool's current replicas, less those on interrupted nodes, those still waiting for a
+    node on an unavailable pool, and those beyond its capacity."""
     keep = p.current
     accepts = True
     if state is not None and state.interrupted_replicas > 0 and keep > 0:
@@ -435,19 +437,39 @@ def _keep_current(kept: _Kept, p: _Pool, state: PoolState | None, placement: Pla
     if unavailable is not None:
         accepts = False
         code, why = unavailable
-        ready = None if state is None else state.ready_replicas
-        # Ready replicas keep serving; the unready ones will not start there. Unknown
-        # readiness keeps them all: never release what cannot be seen.
-        stay = keep if ready is None else min(keep, max(0, ready))
+        stay = _stay_on_unavailable(keep, state)
         if stay < keep:
             kept.move_off(code, keep - stay)
-        kept.events.append((code, f"{p.name} unavailable ({why}): keeps {stay} of {keep}, no new"))
+        starting = _starting_on_nodes(stay, state)
+        kept.events.append((code, f"{p.name} unavailable ({why}): keeps {stay} of {keep}"
+                                  + (f" ({starting} starting on nodes that are up)" if starting else "") + ", no new"))
         keep = stay
     if keep > p.capacity:
         kept.events.append((_CAPACITY_EXHAUSTED, f"{p.name} holds {keep} but fits {p.capacity}"))
         keep = p.capacity
     p.kept = p.replicas = keep
     p.accepts = accepts and p.capacity > 0
+
+
+def _stay_on_unavailable(keep: int, state: PoolState | None) -> int:
+    """Of ``keep`` replicas on an unavailable pool, those that stay: the ready ones and those
+    starting on a node that is up (``PoolState.scheduled_replicas``, less those on noticed nodes):
+    an order that launched part of its nodes before the capacity ran out keeps what launched, and
+    only the replicas still waiting for a node move. Unknown readiness keeps them all (never
+    release what cannot be seen); unknown scheduling keeps the ready ones."""
+    if state is None or state.ready_replicas is None:
+        return keep
+    on_nodes = max(0, state.ready_replicas)
+    if state.scheduled_replicas is not None:
+        on_nodes = max(on_nodes, state.scheduled_replicas - state.interrupted_replicas)
+    return min(keep, on_nodes)
+
+
+def _starting_on_nodes(stay: int, state: PoolState | None) -> int:
+    """Of the ``stay`` replicas an unavailable pool keeps, those not ready yet (for the message)."""
+    if state is None or state.ready_replicas is None or state.scheduled_replicas is None:
+        return 0
+    return max(0, stay - max(0, state.ready_replicas))
 
 
 def _trim_order(views: list[_Pool], tiers: tuple[int, ...]) -> list[_Pool]:

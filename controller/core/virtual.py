@@ -24,7 +24,8 @@ def virtual_states(states: Mapping[str, PoolState], mine: Mapping[str, int] | No
     for name, st in states.items():
         n = mine.get(name, 0)
         out[name] = st if st.replicas == n else replace(
-            st, replicas=n, ready_replicas=n, nodes=None, interrupted_replicas=min(st.interrupted_replicas, n))
+            st, replicas=n, ready_replicas=n, scheduled_replicas=n, nodes=None,
+            interrupted_replicas=min(st.interrupted_replicas, n))
     return out
 
 

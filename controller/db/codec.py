@@ -219,6 +219,7 @@ def pool_state_to_json(state: PoolState) -> dict[str, Any]:
         "price_per_node_hour_usd": encode_float(state.price_per_node_hour_usd),
         "at": _opt_datetime(state.at),
         "max_nodes": state.max_nodes,
+        "scheduled_replicas": state.scheduled_replicas,
     }
 
 
@@ -235,6 +236,7 @@ def pool_state_from_json(data: Mapping[str, Any]) -> PoolState:
         price_per_node_hour_usd=decode_float(data.get("price_per_node_hour_usd")),
         at=_opt_decode_datetime(data.get("at")),
         max_nodes=data.get("max_nodes"),
+        scheduled_replicas=data.get("scheduled_replicas"),
     )
 
 

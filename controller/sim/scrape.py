@@ -124,14 +124,16 @@ class Scraping(Serving):
         if pool.may_reopen(now):
             pool.blocked = False
             self.version += 1
-        ready = noticed = pending = 0
+        ready = noticed = pending = starting = 0
         for p in pool.pods:  # one pass: this runs at every tick while a spot pool is blocked
             state = p.state
             if state == P_READY:
                 ready += 1
             elif state == P_PENDING:
                 pending += 1
-            elif state != P_STARTING:
+            elif state == P_STARTING:  # on a node that is up, loading the engine
+                starting += 1
+            else:
                 continue
             node = p.node
             if node is not None and node.noticed:
@@ -142,7 +144,7 @@ class Scraping(Serving):
             available=not pool.blocked, unavailable_reason=pool.blocked_reason if pool.blocked else None,
             interrupted_replicas=noticed, recent_interruptions=len(pool.notices),
             price_per_node_hour_usd=self._live_price(pool.name, now),
-            at=at), pending
+            at=at, scheduled_replicas=ready + starting), pending
 
 
     def _pool_views(self, at: datetime) -> tuple[dict[str, PoolState], dict[str, int], dict[str, int], dict[str, int]]:

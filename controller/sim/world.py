@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -283,11 +283,7 @@ class World:
     def pool_state(self, pool: str, model: str, now: datetime) -> PoolState:
         """``model``'s Deployment in ``pool``; ``nodes`` sums every model's nodes there."""
         own = self.sims[model]._pool_views(now)[0][pool]
-        return PoolState(pool=own.pool, replicas=own.replicas, ready_replicas=own.ready_replicas,
-                         nodes=self.pool_nodes(pool, now), available=own.available,
-                         unavailable_reason=own.unavailable_reason, interrupted_replicas=own.interrupted_replicas,
-                         recent_interruptions=own.recent_interruptions,
-                         price_per_node_hour_usd=own.price_per_node_hour_usd, at=now)
+        return replace(own, nodes=self.pool_nodes(pool, now), at=now)
 
     def models_in(self, pool: str) -> tuple[str, ...]:
         """The models with a Deployment in ``pool``, in the config's order."""

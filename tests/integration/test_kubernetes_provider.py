@@ -16,7 +16,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from kubernetes import client as k8s
 
-from controller.core.model import ActionStatus, ModelSpec, Tier, PoolSpec, ReplicaCapacity
+from controller.core.model import ActionStatus, ModelSpec, Tier, PoolSpec, PoolState, ReplicaCapacity
+from controller.core.placement import place
 from controller.protocols import PermanentProviderError, TransientProviderError
 from providers.base import RetryPolicy, actions_of
 from providers.kubernetes import (
@@ -199,6 +200,38 @@ def test_replicas_unschedulable_past_the_timeout_mark_the_pool_unavailable_until
     assert not p.state(world.model, T0 + timedelta(seconds=300)).available
     st = p.state(world.model, T0 + timedelta(seconds=422))
     assert st.available and st.unavailable_reason is None and st.ready_replicas == 4
+
+
+def test_an_unavailable_pool_keeps_the_replicas_loading_on_its_nodes_and_moves_those_without_one(world: World) -> None:
+    world.setup(replicas=1, nodes=1)  # one node of 8 GPUs holds 4 replicas of TP 2
+    p = world.provider(settings=world.settings(unschedulable_timeout_s=120, unavailable_for_s=300))
+    p.scale(world.model, 6, 0, T0)
+    world.ctl.reconcile(T0)  # 4 bound to the node, 2 Pending as Unschedulable
+    # two of the bound pods are still loading their engine: not ready yet
+    loading = sorted(x.metadata.name for x in world.core.list_namespaced_pod(world.ns, label_selector="app=llama").items
+                     if x.spec.node_name and x.metadata.labels.get("app") == "llama")[:2]
+    for name in loading:
+        world.core.patch_namespaced_pod_status(name, world.ns, {"status": {"conditions": [
+            {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}]}})
+    dep = world.apps.read_namespaced_deployment("llama-onprem", world.ns)
+    world.apps.patch_namespaced_deployment_status("llama-onprem", world.ns, {"status": {
+        "observedGeneration": dep.metadata.generation, "replicas": 6, "readyReplicas": 2,
+        "availableReplicas": 2, "unavailableReplicas": 4}})
+    st = p.state(world.model, T0 + timedelta(seconds=121))
+    assert not st.available and (st.replicas, st.ready_replicas, st.scheduled_replicas) == (6, 2, 4)
+    # placement keeps the four on the node (two serving, two about to) and moves the two without one
+    spot = PoolSpec("spot", Tier.SPOT, "aws", "A100-80GB", gpus_per_node=8, max_nodes=2, price_per_node_hour_usd=12.0)
+    model = model_spec("llama", (world.pool.name, "spot"))
+    res = place(model=model, pools={world.pool.name: world.pool, "spot": spot},
+                states={world.pool.name: st, "spot": PoolState(pool="spot", replicas=0, ready_replicas=0)}, total=6)
+    assert res.replicas == {world.pool.name: 4, "spot": 2}
+    # a pod being deleted is no replica that stays: one held by a finalizer stays listed with its
+    # deletionTimestamp (terminating, as during a grace period), one without goes at once
+    world.core.patch_namespaced_pod(loading[0], world.ns, {"metadata": {"finalizers": ["tidegate.test/hold"]}})
+    world.core.delete_namespaced_pod(loading[0], world.ns)
+    assert p.state(world.model, T0 + timedelta(seconds=125)).scheduled_replicas == 3
+    world.core.delete_namespaced_pod(loading[1], world.ns)
+    assert p.state(world.model, T0 + timedelta(seconds=126)).scheduled_replicas == 2
 
 
 def test_interruption_taints_count_the_replicas_on_noticed_nodes(world: World) -> None:

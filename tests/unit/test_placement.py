@@ -149,6 +149,24 @@ def test_unavailable_pool_with_unknown_readiness_keeps_its_replicas() -> None:
     assert res.replicas == {"onprem": 2, "spot-a": 3, "spot-b": 0, "od": 0}
 
 
+def test_unavailable_pool_keeps_the_replicas_starting_on_nodes_that_launched() -> None:
+    # An order of 4 on spot-a: the capacity ran out after two nodes launched. 1 replica serves,
+    # 1 loads its engine on the second node, 2 wait for nodes that will not come: those 2 move.
+    part = {"available": False, "ready_replicas": 1, "scheduled_replicas": 2, "unavailable_reason": "capacity"}
+    res = run(STD, {"onprem": 2, "spot-a": 4}, 6, extra={"spot_a": part})
+    assert res.replicas == {"onprem": 2, "spot-a": 2, "spot-b": 2, "od": 0}
+    assert any("keeps 2 of 4 (1 starting on nodes that are up), no new" in msg for _, msg in res.events)
+    # without the count (a provider that cannot tell) only the ready one stays, as before
+    blind = run(STD, {"onprem": 2, "spot-a": 4}, 6, extra={"spot_a": {**part, "scheduled_replicas": None}})
+    assert blind.replicas == {"onprem": 2, "spot-a": 1, "spot-b": 3, "od": 0}
+    # a replica starting on a node under an interruption notice does not stay
+    noticed = run(STD, {"onprem": 2, "spot-a": 4}, 6, extra={"spot_a": {**part, "interrupted_replicas": 1}})
+    assert noticed.replicas["spot-a"] == 1 and noticed.interrupted_removed == 1
+    # never more than the pool holds now: a stale count above the replicas keeps them all, no more
+    stale = run(STD, {"onprem": 2, "spot-a": 2}, 6, extra={"spot_a": {**part, "scheduled_replicas": 5}})
+    assert stale.replicas["spot-a"] == 2
+
+
 def test_spot_pool_with_too_many_recent_interruptions_is_avoided() -> None:
     spec = Placement(max_recent_interruptions=2)
     res = run(STD, {"onprem": 2}, 4, spec=spec, extra={"spot_a": {"recent_interruptions": 3}})

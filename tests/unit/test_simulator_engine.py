@@ -185,6 +185,27 @@ def test_a_spot_launch_short_of_capacity_keeps_the_pool_unavailable_for_the_prov
     assert again and again[0] >= failed + 180.0, moves
 
 
+def test_an_order_short_of_spot_capacity_keeps_the_replica_starting_on_a_node_that_came_up() -> None:
+    """gcp-spot has capacity for two nodes. Its second replica's node came up at 405 s and the
+    replica loads its engine until 465 s; at 415 s the load asks for a third, whose launch finds no
+    capacity, and the pool turns unavailable. Placement kept only the ready replicas of an
+    unavailable pool, so it cancelled the starting one with its node (3 -> 1 at 420 s) and ordered
+    it again at 705 s, once the mark lapsed; now the replica on the node that is up stays, serves
+    from 465 s, and the pool is not touched again."""
+    r = F.rate_at_slo()
+    work = F.rate_series([r * 1.0] * 3 + [r * 6.0] * 2 + [r * 7.0] * 2 + [r * 9.0] * 10)
+    trace = SpotTrace("scarce", np.array([0.0]), np.array([0.5]), 10_000.0, True)
+    spot = {"gcp-spot": SpotModel(notice_s=30.0, trace=trace, scale_nodes=4, pool="gcp-spot", seed=1)}
+    res = simulate(F.setup(work, spot=spot, mode="fluid", seed=2), TidegateController(F.policy(min_replicas=1)))
+    gcp = [(t, a, b) for t, pool, a, b in res.actions if pool == "gcp-spot"]
+    failed = next(t for t, a, b in gcp if b == 3)
+    assert gcp[-1] == (failed + 5.0, 3, 2), gcp  # the order past the capacity is taken back, no more
+    tl = res.timeline
+    after = [n for t, n in zip(tl["t_s"], tl["ready:gcp-spot"]) if t >= failed + 60.0]
+    assert after and min(after) == 2  # serving within the cold start it had left, and kept
+    assert res.summary["slo_attainment"] > 0.99
+
+
 def test_a_spot_pool_reclaimed_after_the_load_has_gone_is_not_replaced_on_demand() -> None:
     """Ten minutes at 11 replicas' load, then one replica's: the scale-down window (300 s) holds the
     fleet. Two minutes into it gcp-spot is reclaimed whole. Its replicas were held by the window
