@@ -23,6 +23,7 @@ def pool_json(pool: PoolSpec, st: PoolState | None, d: Decision | None) -> dict[
         "provider": pool.provider,
         "current_replicas": st.replicas if st else None,
         "ready_replicas": st.ready_replicas if st else None,
+        "scheduled_replicas": st.scheduled_replicas if st else None,
         "desired_replicas": d.placement.get(pool.name) if d else None,
         "nodes": st.nodes if st else None,
         "available": st.available if st else None,

@@ -132,6 +132,8 @@ def test_pause_resume_and_status(served: tuple[Harness, httpx.Client]) -> None:
     assert {p: (v["tier"], v["provider"]) for p, v in pools.items()} == {
         "onprem-h100": ("onprem", "onprem"), "aws-spot-p5": ("spot", "aws"), "gcp-spot-a3": ("spot", "gcp"),
         "aws-od-p5": ("ondemand", "aws")}
+    # the replicas on nodes that are up lie between those serving and those asked for
+    assert all(v["ready_replicas"] <= v["scheduled_replicas"] <= v["current_replicas"] for v in pools.values()), pools
     assert c.post("/v1/resume", headers=_h(ADMIN)).json() == {"paused": False, "audited": True}
     h.run(10)
     assert c.get("/v1/decisions", headers=_h(VIEWER), params={"limit": 1}).json()["items"][0]["actuate"]

@@ -336,6 +336,7 @@ def _steady_burst(c: Cluster, rt: Runtime) -> Tick:
     t = c.tick(rt)
     assert t.placement == {"onprem": 4, "aws-spot": 2, "gcp-spot": 2, "aws-od": 0}
     assert t.record["signals"]["pools"]["gcp-spot"]["ready_replicas"] == 2
+    assert t.record["signals"]["pools"]["gcp-spot"]["scheduled_replicas"] == 2  # the bound pods, as read
     assert t.peer_writes() == Counter()
     return t
 
