@@ -137,19 +137,39 @@ def _capacity_weights(
     current: Mapping[str, int],
     policy: EffectivePolicy,
 ) -> dict[str, float]:
-    """Replicas per GPU type (of those the bundle gives a capacity for) now placed; with none
-    placed, the GPU type of the pool the first replica would go to."""
-    weights: dict[str, float] = {}
-    for name, replicas in current.items():
-        spec = pools.get(name)
-        if replicas > 0 and spec is not None and spec.gpu_type in model.capacity:
-            weights[spec.gpu_type] = weights.get(spec.gpu_type, 0.0) + replicas
+    """Replicas per GPU type (of those the bundle gives a capacity for) now serving: each pool's
+    placed replicas that are ready (all of them where readiness is not reported); with none
+    serving, those placed; with none placed, the GPU type of the pool the first replica would go
+    to. A replica still starting carries no load: counted, an order on a GPU type learned faster
+    raised the fleet's capacity before it served, so the rules asked for fewer replicas, and
+    cancelling it made them ask for more again (on a conversation day, an on-demand H200 order
+    cancelled and placed again every 65 s)."""
+    weights = _replicas_by_gpu(model, pools, current, signals.pools, serving=True)
+    if weights:
+        return weights
+    weights = _replicas_by_gpu(model, pools, current, signals.pools, serving=False)
     if weights:
         return weights
     first = preferred_pool(model, pools, signals.pools, policy.spec.placement)
     if first is not None and pools[first].gpu_type in model.capacity:
         return {pools[first].gpu_type: 1.0}
     return {next((g for g in model.gpu_types if g in model.capacity), next(iter(model.capacity))): 1.0}
+
+
+def _replicas_by_gpu(model: ModelSpec, pools: Mapping[str, PoolSpec], current: Mapping[str, int],
+                     states: Mapping[str, PoolState], serving: bool) -> dict[str, float]:
+    """Replicas of ``current`` per GPU type (of those the bundle gives a capacity for); ``serving``:
+    at most each pool's ready ones (where its state reports them)."""
+    out: dict[str, float] = {}
+    for name, replicas in current.items():
+        spec = pools.get(name)
+        if serving:
+            st = states.get(name)
+            if st is not None and st.ready_replicas is not None:
+                replicas = min(replicas, st.ready_replicas)
+        if replicas > 0 and spec is not None and spec.gpu_type in model.capacity:
+            out[spec.gpu_type] = out.get(spec.gpu_type, 0.0) + replicas
+    return out
 
 
 def _ready_by_gpu(model: ModelSpec, pools: Mapping[str, PoolSpec], signals: ModelSignals) -> dict[str, int]:
@@ -209,7 +229,7 @@ def _capacity(
 ) -> learned_capacity.Learned | None:
     """The per-replica capacity for the served token mix, corrected by what ready replicas
     sustain (``controller.core.capacity``), learned per GPU type and averaged over the GPU types
-    the placement holds by their replicas; ``None`` if the bundle declares none. ``ready``: the
+    of the replicas that serve (:func:`_capacity_weights`); ``None`` if the bundle declares none. ``ready``: the
     ready replicas (``ModelSignals.ready_replicas``); ``pressure``: their :func:`_pressure`."""
     if not model.capacity:
         return None

@@ -20,7 +20,10 @@ rules, in the order they apply:
    hour (a replica alone on a node pays for the whole node; one off a full node saves nothing),
    then the most expensive first (effective cost = node price / replicas per node, live price
    when known). With ``max_cloud`` (lead-time economics, ``controller.core.leadtime``) the cloud pools
-   keep at most that many, not-ready ones removed first.
+   keep at most that many, not-ready ones removed first. Of the replicas only the scale-down
+   memory holds (``window_held``, below), the on-demand ones not ready yet are cancelled, whole
+   nodes only (``HeldNotReplaced``; not while spares are held): an on-demand order serves after its
+   lead time, by when the window has let the total go.
 3. **Budget**: while the cost is above the cap, remove whole nodes' worth of replicas in the same
    order (on-prem last, pinned pools after unpinned ones). The budget beats ``min_replicas``.
 4. **Too few**: fill on-prem first (already paid for), then spot in order of effective cost,
@@ -199,8 +202,9 @@ class PlacementResult:
     interrupted_replaced: int = 0
     """Of those, how many were replaced in other pools in this placement."""
     not_replaced: int = 0
-    """Replicas of ``requested`` that only the scale-down memory held and no pool kept: not bought
-    in the cloud (``place``'s ``window_held``; reason ``HeldNotReplaced``)."""
+    """Replicas of ``requested`` that only the scale-down memory held and no pool kept (not bought
+    in the cloud), or that were on-demand orders not ready yet (cancelled): ``place``'s
+    ``window_held``, reason ``HeldNotReplaced``."""
     capacity_limited: bool = False
     """Fewer than ``requested`` because no usable pool had room."""
     budget_limited: bool = False
@@ -332,7 +336,7 @@ def place(
     total with the spares (the spot hedge's, none with pins; the fallback return's). ``max_cloud``
     caps the replicas on the unpinned cloud pools, spares included (``None``: no cap).
     ``returning``: the previous decision's ``return_spare`` (step 2 cancels those still starting).
-    ``window_held``: of ``total``, what only the scale-down memory holds (step 4 buys no cloud for it).
+    ``window_held``: of ``total``, what only the scale-down memory holds (steps 2 and 4).
     """
     cap = max_cost_per_hour_usd
     kept = _keep_valid(model, pools, states, placement, drained, pinned or {})
@@ -340,10 +344,12 @@ def place(
     want = max(total, sum([p.replicas for p in views if p.pinned]))
     risk = _spot_risk(views, states, placement.spot_hedge, want if pinned else max_total, want)
     cancelled = _trim_excess(views, want + risk.spare, returning)
+    held = _cancel_held_orders(views, window_held, risk.spare + returning)
+    want -= held.replicas
     released = _released(views, returning - cancelled) if returning > cancelled else _NO_RETURN
     cloud_events = _trim_cloud(views, max_cloud)
     trim = _trim_to_budget(views, cap)
-    fill = _fill(views, want, trim, cap, placement, max_cloud, window_held)
+    fill = _fill(views, want, trim, cap, placement, max_cloud, window_held - held.replicas)
     want -= fill.not_bought
     spread = _repair_spread(views, fill.cost, cap, placement.spot_spread_min_pools)
     hedge = _fill_hedge(views, want, risk, cap, placement, max_cloud)
@@ -354,17 +360,15 @@ def place(
         cost_per_hour_usd=sum([p.cost() for p in views]),
         requested=total,
         kept={p.name: p.kept for p in views},
-        reason=_hedge_reason(_return_reason(_reason(kept, short, fill), released, back), hedge),
-        events=tuple(kept.events + released.events + cloud_events + trim.events + fill.events + spread + hedge.events
-                     + back.events + short.events),
+        reason=_hedge_reason(_return_reason(_reason(kept, short, fill, held.replicas), released, back), hedge),
+        events=tuple(kept.events + held.events + released.events + cloud_events + trim.events + fill.events + spread
+                     + hedge.events + back.events + short.events),
         hedge_spare=hedge.spare,
         return_spare=back.replicas, return_released=released.replicas,
         interrupted_removed=kept.interrupted_removed,
-        interrupted_replaced=min(kept.interrupted_removed, fill.added), not_replaced=fill.not_bought,
-        capacity_limited=short.capacity_limited,
-        budget_limited=short.budget_limited,
-        budget_removed=trim.removed,
-        cap_usd=cap,
+        interrupted_replaced=min(kept.interrupted_removed, fill.added), not_replaced=fill.not_bought + held.replicas,
+        capacity_limited=short.capacity_limited, budget_limited=short.budget_limited,
+        budget_removed=trim.removed, cap_usd=cap,
         why=_why(views, placement.allow_on_demand),
     )
 
@@ -599,6 +603,40 @@ def _take_in_order(pools: list[_Pool], n: int) -> int:
         p.replicas -= take
         left -= take
     return n - left
+
+
+class _Held(NamedTuple):
+    """What :func:`_cancel_held_orders` did."""
+
+    replicas: int
+    events: list[tuple[str, str]]
+
+
+_NO_HELD = _Held(0, [])
+
+
+def _cancel_held_orders(views: list[_Pool], window_held: int, spares: int) -> _Held:
+    """Step 2, last: of the ``window_held`` replicas only the scale-down memory holds, the
+    on-demand ones not ready yet that the trim left are cancelled, dearest first. An on-demand order serves after its
+    lead time (provisioning and cold start), by when the window has let the total go, and it is
+    the dearest capacity there is: kept, it was paid for while it started and released about when
+    it would have served (ordered after a spot pool was lost during the hold). Spot orders stay
+    (cancelling them as well lost 5.7 points on the Azure code trace's first half hour, where
+    bursts recur sooner than their lead time). Not while spares are held (the spot hedge's, the
+    fallback return's replacements): an on-demand order may be one."""
+    if window_held <= 0 or spares > 0:
+        return _NO_HELD
+    gone = 0
+    for p in _trim_order(views, (_ONDEMAND,)):
+        # whole nodes only: a replica taken off a node that stays saves nothing and serves less
+        left = p.replicas - min(p.not_ready(), window_held - gone)
+        take = max(0, p.replicas - whole_nodes(left, p.per_node) * p.per_node)
+        p.replicas -= take
+        gone += take
+    if not gone:
+        return _NO_HELD
+    return _Held(gone, [(_HELD_NOT_REPLACED, f"{gone} on-demand not ready yet, held by the scale-down window only: "
+                                             "order cancelled")])
 
 
 def _trim_excess(views: list[_Pool], want: int, returning: int) -> int:
@@ -884,7 +922,7 @@ def _before(a: _Pool, b: _Pool) -> str:
     return f"{a.name} before {b.name}: same ${a.eff_cost:.2f} per replica-hour and priority, by name"
 
 
-def _reason(kept: _Kept, short: _Shortfall, fill: _Fill) -> str:
+def _reason(kept: _Kept, short: _Shortfall, fill: _Fill, held_cancelled: int = 0) -> str:
     """The most significant reason code, in this order of precedence."""
     moved = kept.moved_off
     if short.budget_limited:
@@ -893,7 +931,7 @@ def _reason(kept: _Kept, short: _Shortfall, fill: _Fill) -> str:
         return _CAPACITY_EXHAUSTED
     if moved.get(_OVERRIDE_DRAIN):
         return _OVERRIDE_DRAIN
-    if fill.not_bought:
+    if fill.not_bought or held_cancelled:
         return _HELD_NOT_REPLACED
     if kept.interrupted_removed:
         return _SPOT_INTERRUPTED

@@ -370,6 +370,20 @@ def test_capacity_with_no_replicas_uses_the_first_pool_to_fill() -> None:
     assert "tokens=400.0" in run(no_onprem, {}).recommendations[0].message  # cheapest spot is L4
 
 
+def test_capacity_is_the_serving_replicas_not_the_orders_still_starting() -> None:
+    """An order on another GPU type does not move the capacity the rules size with until it
+    serves: counted while it started, cancelling it moved the rules' count back, and the order
+    came and went every minute."""
+    pol = policy(Spy(Spy.Params()), fixed(8))
+    placed = {"onprem": 4, "spot-b": 4}
+    starting = ModelSignals("m", NOW, pools={
+        n: PoolState(n, placed.get(n, 0), ready_replicas=4 if n == "onprem" else 0) for n in POOLS})
+    assert "tokens=1000.0" in run(pol, sig=starting).recommendations[0].message  # the A100s alone serve
+    assert "tokens=700.0" in run(pol, placed).recommendations[0].message  # (4 x 1000 + 4 x 400) / 8, all ready
+    unknown = ModelSignals("m", NOW, pools={n: PoolState(n, placed.get(n, 0)) for n in POOLS})
+    assert "tokens=700.0" in run(pol, sig=unknown).recommendations[0].message  # readiness not reported: as placed
+
+
 def test_budget_beats_min_replicas() -> None:
     pol = policy(fixed(8), bounds={"min_replicas": 6, "max_replicas": 20},
                  budget={"max_cost_per_hour_usd": 11.0})

@@ -530,6 +530,31 @@ def test_held_replicas_take_on_prem_room_and_free_slots_on_nodes_already_paid_fo
     assert res.cost_per_hour_usd == pytest.approx(4.0 + 2.0 + 3.0)
 
 
+def test_on_demand_orders_only_the_window_holds_are_cancelled_whole_nodes_and_not_ready_only() -> None:
+    # od: one replica a node, 3 placed, 1 ready; the window alone holds 2 of the total 7
+    starting = {"od": {"ready_replicas": 1}}
+    res = run(STD, {"onprem": 2, "spot-a": 2, "od": 3}, 7, extra=starting, window_held=2)
+    assert res.replicas["od"] == 1 and res.replicas["onprem"] == 2 and res.total - res.spare == 5  # none bought for them
+    assert res.not_replaced == 2 and res.reason == Reason.HELD_NOT_REPLACED.value
+    assert any("2 on-demand not ready yet" in msg and "cancelled" in msg for _, msg in res.events)
+    # a ready one is never cancelled, whatever the window holds
+    assert run(STD, {"onprem": 2, "spot-a": 2, "od": 3}, 7, extra=starting, window_held=5).replicas["od"] == 1
+    # without the window's share nothing goes
+    assert run(STD, {"onprem": 2, "spot-a": 2, "od": 3}, 7, extra=starting).replicas["od"] == 3
+    # spot orders stay: they serve sooner and cost less
+    spot_starting = {"spot_a": {"ready_replicas": 0}}
+    spot = run(STD, {"onprem": 2, "spot-a": 2}, 4, extra=spot_starting, window_held=2)
+    assert spot.replicas["spot-a"] + spot.replicas["spot-b"] == 2 and spot.not_replaced == 0
+    # four replicas a node: taking off a node that stays saves nothing; only a whole node goes
+    pools = fleet(pool("onprem", ONPREM, 4.0, nodes=1), pool("od", AWS_OD, 40.0, gpus=4, nodes=2))
+    one_ready = {"od": {"ready_replicas": 1}}
+    assert run(pools, {"onprem": 1, "od": 4}, 5, extra=one_ready, window_held=3).replicas["od"] == 4
+    assert run(pools, {"onprem": 1, "od": 8}, 9, extra=one_ready, window_held=5).replicas["od"] == 4
+    # not while spares are held: an on-demand order may be the fallback return's or the hedge's
+    assert run(STD, {"onprem": 2, "spot-a": 2, "od": 3}, 7, extra=starting, window_held=2,
+               returning=1).replicas["od"] == 3
+
+
 def test_a_budget_that_removed_replicas_is_the_reason_not_the_window() -> None:
     res = run(STD, {"onprem": 2, "spot-a": 4}, 6, cap=10.0, window_held=4)
     assert res.budget_limited and res.not_replaced == 0
@@ -549,8 +574,12 @@ def test_prop_held_replicas_never_add_cloud_nodes(sc: Scenario, window_held: int
     """With ``window_held``, the cloud holds no more nodes than without it, the placement never
     costs more, on-prem is filled as before, and the total falls short of it by at most what is
     reported as not replaced."""
-    plain = _place(sc)
-    held = place(model=sc.model, pools=sc.pools, states=sc.states, total=sc.total, placement=sc.spec,
+    # without the fallback return, which may move on-demand replicas to on-prem room once no
+    # on-demand order is starting (as the window's cancellations can leave it)
+    spec = sc.spec.model_copy(update={"return_from_fallback": False})
+    plain = place(model=sc.model, pools=sc.pools, states=sc.states, total=sc.total, placement=spec,
+                  max_cost_per_hour_usd=sc.cap)
+    held = place(model=sc.model, pools=sc.pools, states=sc.states, total=sc.total, placement=spec,
                  max_cost_per_hour_usd=sc.cap, window_held=window_held)
     onprem = [n for n, p in sc.pools.items() if p.tier is Tier.ONPREM]
     assert held.cost_per_hour_usd <= plain.cost_per_hour_usd + 1e-9

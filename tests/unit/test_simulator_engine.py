@@ -206,6 +206,30 @@ def test_an_order_short_of_spot_capacity_keeps_the_replica_starting_on_a_node_th
     assert res.summary["slo_attainment"] > 0.99
 
 
+def test_an_on_demand_order_only_the_window_holds_is_cancelled_before_it_serves() -> None:
+    """Both spot pools have no capacity, so a two-minute burst at 4 minutes is ordered on aws-od
+    (8 replicas, two nodes of four; 300 s to provision, 180 s to start). Once the burst has gone,
+    the rules ask for less and the stabilization window alone holds the total; the on-demand
+    orders it holds were ready at 750 s and released at 790 s, paid for the whole time ($41.28,
+    $36.48 of it on-demand). Now the node's worth the window alone holds is cancelled at 550 s,
+    before it serves; the same attainment for $34.74."""
+    r = F.rate_at_slo()
+    spot = {p: SpotModel(notice_s=30.0, unavailable_windows=((0.0, 100_000.0),), pool=p) for p in ("aws-spot", "gcp-spot")}
+    work = F.rate_series([r * 2.0] * 4 + [r * 9.0] * 2 + [r * 2.0] * 12)
+    ps = F.pools()
+    ps["aws-od"] = replace(ps["aws-od"], provisioning_delay_s=300)
+    res = simulate(F.setup(work, pool_specs=ps, spot=spot, mode="fluid", seed=2, cold_start_s=180.0),
+                   TidegateController(F.policy(min_replicas=1)))
+    od = [(t, a, b) for t, pool, a, b in res.actions if pool == "aws-od"]
+    tl = res.timeline
+    ready = [(t, n) for t, n in zip(tl["t_s"], tl["ready:aws-od"]) if n > 0]
+    assert od[:2] == [(260.0, 0, 4), (270.0, 4, 8)], od
+    cut = next(x for x in od if x[2] < x[1])
+    assert cut[1:] == (8, 4) and cut[0] < ready[0][0], (od, ready[:1])  # a whole node, before it served
+    assert max(n for _, n in ready) == 4
+    assert res.summary["cost_by_pool_usd"]["aws-od"] < 36.0
+
+
 def test_a_spot_pool_reclaimed_after_the_load_has_gone_is_not_replaced_on_demand() -> None:
     """Ten minutes at 11 replicas' load, then one replica's: the scale-down window (300 s) holds the
     fleet. Two minutes into it gcp-spot is reclaimed whole. Its replicas were held by the window
