@@ -617,17 +617,20 @@ _NO_HELD = _Held(0, [])
 
 def _cancel_held_orders(views: list[_Pool], window_held: int, spares: int) -> _Held:
     """Step 2, last: of the ``window_held`` replicas only the scale-down memory holds, the
-    on-demand ones not ready yet that the trim left are cancelled, dearest first. An on-demand order serves after its
-    lead time (provisioning and cold start), by when the window has let the total go, and it is
-    the dearest capacity there is: kept, it was paid for while it started and released about when
-    it would have served (ordered after a spot pool was lost during the hold). Spot orders stay
-    (cancelling them as well lost 5.7 points on the Azure code trace's first half hour, where
-    bursts recur sooner than their lead time). Not while spares are held (the spot hedge's, the
-    fallback return's replacements): an on-demand order may be one."""
+    on-demand ones not ready yet that the trim left are cancelled, dearest first, whole nodes
+    only. An on-demand order serves after its lead time (provisioning and cold start), by when
+    the window has let the total go, and it is the dearest capacity there is: kept, it was paid
+    for while it started and released about when it would have served (ordered as a spot pool was
+    lost during the hold). Spot orders stay (cancelling them as well lost 5.7 points on the Azure
+    code trace's first half hour, where bursts recur sooner than their lead time). Not while
+    spares are held (the spot hedge's, the fallback return's replacements): an on-demand order
+    may be one."""
     if window_held <= 0 or spares > 0:
         return _NO_HELD
     gone = 0
     for p in _trim_order(views, (_ONDEMAND,)):
+        if p.per_node <= 0:
+            continue
         # whole nodes only: a replica taken off a node that stays saves nothing and serves less
         left = p.replicas - min(p.not_ready(), window_held - gone)
         take = max(0, p.replicas - whole_nodes(left, p.per_node) * p.per_node)
