@@ -57,7 +57,8 @@ class Reason(str, enum.Enum):
     HELD_NOT_REPLACED = "HeldNotReplaced"
     """Replicas only the scale-down memory holds (stabilization window, rate limit: above what the
     rules ask now) that no pool kept (interrupted, on an unavailable pool) are not bought again in
-    the cloud, whose orders serve after the window lets them go; on-prem room still takes them."""
+    the cloud, whose orders serve after the window lets them go; on-prem room still takes them.
+    Those of them on on-demand orders still starting are cancelled, whole nodes only."""
     SPOT_HEDGE = "SpotHedge"
     """Spare replicas placed away from spot pools with recent interruptions (placement.spot_hedge)."""
     FALLBACK_RETURN = "FallbackReturn"
