@@ -344,7 +344,7 @@ def place(
     want = max(total, sum([p.replicas for p in views if p.pinned]))
     risk = _spot_risk(views, states, placement.spot_hedge, want if pinned else max_total, want)
     cancelled = _trim_excess(views, want + risk.spare, returning)
-    held = _cancel_held_orders(views, window_held, risk.spare + returning)
+    held = _cancel_held_orders(views, window_held, want - window_held, risk.spare + returning)
     want -= held.replicas
     released = _released(views, returning - cancelled) if returning > cancelled else _NO_RETURN
     cloud_events = _trim_cloud(views, max_cloud)
@@ -615,16 +615,18 @@ class _Held(NamedTuple):
 _NO_HELD = _Held(0, [])
 
 
-def _cancel_held_orders(views: list[_Pool], window_held: int, spares: int) -> _Held:
-    """Step 2, last: of the ``window_held`` replicas only the scale-down memory holds, the
-    on-demand ones not ready yet that the trim left are cancelled, dearest first, whole nodes
-    only. An on-demand order serves after its lead time (provisioning and cold start), by when
+def _cancel_held_orders(views: list[_Pool], window_held: int, asked: int, spares: int) -> _Held:
+    """Step 2, last: of the ``window_held`` replicas only the scale-down memory holds (at most as
+    many as the placement holds above the ``asked`` total of the rules: never one the rules' own
+    need would then buy elsewhere), the on-demand ones not ready yet that the trim left are cancelled, dearest first,
+    whole nodes only. An on-demand order serves after its lead time (provisioning and cold start), by when
     the window has let the total go, and it is the dearest capacity there is: kept, it was paid
     for while it started and released about when it would have served (ordered as a spot pool was
     lost during the hold). Spot orders stay (cancelling them as well lost 5.7 points on the Azure
     code trace's first half hour, where bursts recur sooner than their lead time). Not while
     spares are held (the spot hedge's, the fallback return's replacements): an on-demand order
     may be one."""
+    window_held = min(window_held, sum([p.replicas for p in views]) - asked)
     if window_held <= 0 or spares > 0:
         return _NO_HELD
     gone = 0
