@@ -21,9 +21,10 @@ rules, in the order they apply:
    then the most expensive first (effective cost = node price / replicas per node, live price
    when known). With ``max_cloud`` (lead-time economics, ``controller.core.leadtime``) the cloud pools
    keep at most that many, not-ready ones removed first. Of the replicas only the scale-down
-   memory holds (``window_held``, below), the on-demand ones not ready yet are cancelled, whole
-   nodes only (``HeldNotReplaced``; not while spares are held): an on-demand order serves after its
-   lead time, by when the window has let the total go.
+   memory holds (``window_held``, below; at most what the placement holds above the rules' total),
+   the on-demand ones not ready yet are cancelled, whole nodes only (``HeldNotReplaced``; not
+   while spares are held): an on-demand order serves after its lead time, by when the window has
+   let the total go.
 3. **Budget**: while the cost is above the cap, remove whole nodes' worth of replicas in the same
    order (on-prem last, pinned pools after unpinned ones). The budget beats ``min_replicas``.
 4. **Too few**: fill on-prem first (already paid for), then spot in order of effective cost,
