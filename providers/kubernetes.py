@@ -644,8 +644,9 @@ class PoolObservation:
     """Names of this model's pods on nodes under an interruption notice."""
     pod_spec: Any = None
     """The Deployment's pod template spec (``V1PodSpec``: node selector, affinity), as read."""
-    scheduled_replicas: int = 0
-    """This model's pods bound to a node and not being deleted (ready, or starting there)."""
+    scheduled_replicas: int | None = None
+    """This model's pods bound to a node and not being deleted (ready, or starting there);
+    ``None``: not counted."""
 
     @property
     def gpus_allocatable(self) -> int:

@@ -144,42 +144,38 @@ def _capacity_weights(
     raised the fleet's capacity before it served, so the rules asked for fewer replicas, and
     cancelling it made them ask for more again (on a conversation day, an on-demand H200 order
     cancelled and placed again every 65 s)."""
-    weights = _replicas_by_gpu(model, pools, current, signals.pools, serving=True)
+    weights = _by_gpu(model, pools, _serving(current, signals.pools)) or _by_gpu(model, pools, current)
     if weights:
-        return weights
-    weights = _replicas_by_gpu(model, pools, current, signals.pools, serving=False)
-    if weights:
-        return weights
+        return {g: float(n) for g, n in weights.items()}
     first = preferred_pool(model, pools, signals.pools, policy.spec.placement)
     if first is not None and pools[first].gpu_type in model.capacity:
         return {pools[first].gpu_type: 1.0}
     return {next((g for g in model.gpu_types if g in model.capacity), next(iter(model.capacity))): 1.0}
 
 
-def _replicas_by_gpu(model: ModelSpec, pools: Mapping[str, PoolSpec], current: Mapping[str, int],
-                     states: Mapping[str, PoolState], serving: bool) -> dict[str, float]:
-    """Replicas of ``current`` per GPU type (of those the bundle gives a capacity for); ``serving``:
-    at most each pool's ready ones (where its state reports them)."""
-    out: dict[str, float] = {}
-    for name, replicas in current.items():
+def _serving(current: Mapping[str, int], states: Mapping[str, PoolState]) -> dict[str, int]:
+    """Per pool, the placed replicas that are ready (all of them where readiness is not reported)."""
+    out = dict(current)
+    for name, n in current.items():
+        st = states.get(name)
+        if st is not None and st.ready_replicas is not None:
+            out[name] = min(n, st.ready_replicas)
+    return out
+
+
+def _by_gpu(model: ModelSpec, pools: Mapping[str, PoolSpec], counts: Mapping[str, int]) -> dict[str, int]:
+    """Replicas per pool summed per GPU type (of those the bundle gives a capacity for)."""
+    out: dict[str, int] = {}
+    for name, n in counts.items():
         spec = pools.get(name)
-        if serving:
-            st = states.get(name)
-            if st is not None and st.ready_replicas is not None:
-                replicas = min(replicas, st.ready_replicas)
-        if replicas > 0 and spec is not None and spec.gpu_type in model.capacity:
-            out[spec.gpu_type] = out.get(spec.gpu_type, 0.0) + replicas
+        if n > 0 and spec is not None and spec.gpu_type in model.capacity:
+            out[spec.gpu_type] = out.get(spec.gpu_type, 0) + n
     return out
 
 
 def _ready_by_gpu(model: ModelSpec, pools: Mapping[str, PoolSpec], signals: ModelSignals) -> dict[str, int]:
     """Ready replicas per GPU type (of those the bundle gives a capacity for)."""
-    out: dict[str, int] = {}
-    for name, st in signals.pools.items():
-        spec = pools.get(name)
-        if spec is not None and spec.gpu_type in model.capacity and (st.ready_replicas or 0) > 0:
-            out[spec.gpu_type] = out.get(spec.gpu_type, 0) + (st.ready_replicas or 0)
-    return out
+    return _by_gpu(model, pools, {name: st.ready_replicas or 0 for name, st in signals.pools.items()})
 
 
 class _Fresh(NamedTuple):
@@ -229,8 +225,9 @@ def _capacity(
 ) -> learned_capacity.Learned | None:
     """The per-replica capacity for the served token mix, corrected by what ready replicas
     sustain (``controller.core.capacity``), learned per GPU type and averaged over the GPU types
-    of the replicas that serve (:func:`_capacity_weights`); ``None`` if the bundle declares none. ``ready``: the
-    ready replicas (``ModelSignals.ready_replicas``); ``pressure``: their :func:`_pressure`."""
+    of the replicas that serve (:func:`_capacity_weights`); ``None`` if the bundle declares none.
+    ``ready``: the ready replicas (``ModelSignals.ready_replicas``); ``pressure``: their
+    :func:`_pressure`."""
     if not model.capacity:
         return None
     spec = policy.spec

@@ -442,10 +442,9 @@ def _keep_current(kept: _Kept, p: _Pool, state: PoolState | None, placement: Pla
     if unavailable is not None:
         accepts = False
         code, why = unavailable
-        stay = _stay_on_unavailable(keep, state)
+        stay, starting = _stay_on_unavailable(keep, state)
         if stay < keep:
             kept.move_off(code, keep - stay)
-        starting = _starting_on_nodes(stay, state)
         kept.events.append((code, f"{p.name} unavailable ({why}): keeps {stay} of {keep}"
                                   + (f" ({starting} starting on nodes that are up)" if starting else "") + ", no new"))
         keep = stay
@@ -456,25 +455,20 @@ def _keep_current(kept: _Kept, p: _Pool, state: PoolState | None, placement: Pla
     p.accepts = accepts and p.capacity > 0
 
 
-def _stay_on_unavailable(keep: int, state: PoolState | None) -> int:
-    """Of ``keep`` replicas on an unavailable pool, those that stay: the ready ones and those
-    starting on a node that is up (``PoolState.scheduled_replicas``, less those on noticed nodes):
-    an order that launched part of its nodes before the capacity ran out keeps what launched, and
-    only the replicas still waiting for a node move. Unknown readiness keeps them all (never
-    release what cannot be seen); unknown scheduling keeps the ready ones."""
+def _stay_on_unavailable(keep: int, state: PoolState | None) -> tuple[int, int]:
+    """Of ``keep`` replicas on an unavailable pool, (those that stay, of them those still
+    starting): the ready ones and those starting on a node that is up
+    (``PoolState.scheduled_replicas``, less those on noticed nodes). An order that launched part
+    of its nodes before the capacity ran out keeps what launched, and only the replicas still
+    waiting for a node move. Unknown readiness keeps them all (never release what cannot be
+    seen); unknown scheduling keeps the ready ones."""
     if state is None or state.ready_replicas is None:
-        return keep
-    on_nodes = max(0, state.ready_replicas)
-    if state.scheduled_replicas is not None:
-        on_nodes = max(on_nodes, state.scheduled_replicas - state.interrupted_replicas)
-    return min(keep, on_nodes)
-
-
-def _starting_on_nodes(stay: int, state: PoolState | None) -> int:
-    """Of the ``stay`` replicas an unavailable pool keeps, those not ready yet (for the message)."""
-    if state is None or state.ready_replicas is None or state.scheduled_replicas is None:
-        return 0
-    return max(0, stay - max(0, state.ready_replicas))
+        return keep, 0
+    ready = max(0, state.ready_replicas)
+    if state.scheduled_replicas is None:
+        return min(keep, ready), 0
+    stay = min(keep, max(ready, state.scheduled_replicas - state.interrupted_replicas))
+    return stay, max(0, stay - ready)
 
 
 def _trim_order(views: list[_Pool], tiers: tuple[int, ...]) -> list[_Pool]:
@@ -618,17 +612,19 @@ _NO_HELD = _Held(0, [])
 
 def _cancel_held_orders(views: list[_Pool], window_held: int, asked: int, spares: int) -> _Held:
     """Step 2, last: of the ``window_held`` replicas only the scale-down memory holds (at most as
-    many as the placement holds above the ``asked`` total of the rules: never one the rules' own
-    need would then buy elsewhere), the on-demand ones not ready yet that the trim left are cancelled, dearest first,
-    whole nodes only. An on-demand order serves after its lead time (provisioning and cold start), by when
-    the window has let the total go, and it is the dearest capacity there is: kept, it was paid
-    for while it started and released about when it would have served (ordered as a spot pool was
-    lost during the hold). Spot orders stay (cancelling them as well lost 5.7 points on the Azure
-    code trace's first half hour, where bursts recur sooner than their lead time). Not while
-    spares are held (the spot hedge's, the fallback return's replacements): an on-demand order
-    may be one."""
+    many as the placement holds above the rules' ``asked`` total: never one the rules' own need
+    would then buy elsewhere), the on-demand ones not ready yet that the trim left are cancelled,
+    dearest first, whole nodes only. An on-demand order serves after its lead time (provisioning
+    and cold start), by when the window has let the total go, and it is the dearest capacity
+    there is: kept, it was paid for while it started and released about when it would have
+    served (ordered as a spot pool was lost during the hold). Spot orders stay (cancelling them
+    as well lost 5.7 points on the Azure code trace's first half hour, where bursts recur sooner
+    than their lead time). Not while spares are held (the spot hedge's, the fallback return's
+    replacements): an on-demand order may be one."""
+    if window_held <= 0 or spares > 0:  # the common case first: no sum on the hot path
+        return _NO_HELD
     window_held = min(window_held, sum([p.replicas for p in views]) - asked)
-    if window_held <= 0 or spares > 0:
+    if window_held <= 0:
         return _NO_HELD
     gone = 0
     for p in _trim_order(views, (_ONDEMAND,)):
@@ -928,7 +924,7 @@ def _before(a: _Pool, b: _Pool) -> str:
     return f"{a.name} before {b.name}: same ${a.eff_cost:.2f} per replica-hour and priority, by name"
 
 
-def _reason(kept: _Kept, short: _Shortfall, fill: _Fill, held_cancelled: int = 0) -> str:
+def _reason(kept: _Kept, short: _Shortfall, fill: _Fill, held_cancelled: int) -> str:
     """The most significant reason code, in this order of precedence."""
     moved = kept.moved_off
     if short.budget_limited:
