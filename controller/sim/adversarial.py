@@ -23,6 +23,10 @@ traces':
                      peak rising smoothly to it and back, with slow random swells, prompts of
                      100-3,000 tokens and answers of 50-800, and the shared Azure traces' real spot
                      interruptions on the spot pools (a whole GCP pool reclaimed ~46 minutes in);
+``square-wave``      five minutes at the peak, five at a twentieth of it, six times over, with the
+                     same real spot interruptions (each gap is shorter than a cloud replica's lead
+                     time, provisioning plus cold start, 6-8 minutes: what the fleet holds through
+                     a gap, and what it orders late);
 ``bursty``           arrivals in bursts (gamma inter-arrival times, coefficient of variation 3, as
                      BurstGPT reports for conversation services) at 0.4 of the peak's mean for 30
                      minutes, then 0.7, with the same real spot interruptions.
@@ -165,6 +169,12 @@ def diurnal(seed: int) -> Adversary:
     return Adversary("diurnal", _make("diurnal", rate, end_s, seed, CHAT_LIKE), shared_spot=True)
 
 
+def square_wave(seed: int) -> Adversary:
+    def rate(t: np.ndarray) -> np.ndarray:
+        return BASE_RATE_PER_S * np.where((t % 600.0) < 300.0, 1.0, 0.05)
+    return Adversary("square-wave", _make("square-wave", rate, 3600.0, seed), shared_spot=True)
+
+
 def bursty(seed: int) -> Adversary:
     rng = np.random.default_rng([seed, sum(b"bursty")])
     cv2 = 9.0  # squared coefficient of variation of the gaps: gamma shape 1/9
@@ -182,7 +192,7 @@ def bursty(seed: int) -> Adversary:
 ADVERSARIES: dict[str, Callable[[int], Adversary]] = {
     "flash-crowd": flash_crowd, "idle-burst": idle_burst, "sawtooth": sawtooth, "slow-ramp": slow_ramp,
     "spot-reclaim": spot_reclaim, "long-prompts": long_prompts, "long-answers": long_answers,
-    "steady": steady, "step-up": step_up, "diurnal": diurnal, "bursty": bursty,
+    "steady": steady, "step-up": step_up, "diurnal": diurnal, "square-wave": square_wave, "bursty": bursty,
 }
 
 

@@ -322,7 +322,11 @@ def test_adversarial_traces_are_seeded_and_have_their_shapes() -> None:
     assert gaps.std() / gaps.mean() > 2.5  # far burstier than Poisson (1)
     rate = burst.trace.rate_per_s(60.0)
     assert rate[30:60].mean() > 1.4 * rate[:30].mean()
-    assert day.shared_spot and burst.shared_spot and not ADVERSARIES["steady"](0).shared_spot
+    square = ADVERSARIES["square-wave"](0)
+    per_min = square.trace.rate_per_s(60.0)
+    busy, quiet = per_min[[m for m in range(60) if m % 10 < 5]], per_min[[m for m in range(60) if m % 10 >= 5]]
+    assert busy.min() > 10 * quiet.max()  # five minutes at the peak, five at a twentieth, six times
+    assert day.shared_spot and burst.shared_spot and square.shared_spot and not ADVERSARIES["steady"](0).shared_spot
 
 
 def test_trace_start_keeps_the_idle_lead(tmp_path: Path) -> None:
