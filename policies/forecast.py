@@ -8,7 +8,11 @@ fleet for the load expected ``lead_time_s`` from now:
 
 * **trend**: the least-squares slope of the rate over the last ``trend_window_s``, extrapolated
   ``lead_time_s`` ahead from the latest rate (rising trends only: capacity can be released at once,
-  so a falling trend is never anticipated);
+  so a falling trend is never anticipated). A step is not a trend: the window's slope goes on
+  projecting a rise that is over for as long as the step stays in the window (a load that jumped
+  from 3 to 52 requests/s and stayed there read a trend of 103 five minutes later). So where the
+  rise over the last ``trend_confirm_s`` is under a quarter of the slope's pace
+  (:data:`STEP_PACE`), that recent pace is extrapolated instead (:func:`confirmed_slope`);
 * **burst allowance**: the highest rate seen over the last ``burst_window_s``; a load that spiked
   within that window is likely to spike again (bursty LLM traffic comes in trains), and a replica
   released between two spikes would not be back in time for the next one. With ``burst_hold_s`` a
@@ -48,7 +52,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from typing import Any, NamedTuple, Sequence
 
 from pydantic import Field
@@ -112,10 +116,36 @@ def spikes(points: Sequence[tuple[float, float]], fall_to: float, fall_s: float)
     return out
 
 
+STEP_PACE = 0.25
+"""The rise over the last ``trend_confirm_s`` must keep at least this share of the window's slope
+for the slope to be extrapolated; below it the rise is over (a step, or a ramp that levelled off)
+and the recent pace is extrapolated instead. A share, not a strict comparison: on a steady ramp the
+recent pace scatters around the slope, and taking the lesser of the two would cut every ramp's
+forecast by its noise."""
+
+
+def confirmed_slope(slope: float, latest_t: float, latest: float, ago: tuple[float, float] | None) -> float:
+    """``slope``, or the pace of the rise since ``ago`` (``(t_s, rate)``: the latest observation at
+    least ``trend_confirm_s`` before ``latest_t`` within the trend window; ``None``: too short a
+    history to tell) where that is under :data:`STEP_PACE` of it (at least 0)."""
+    if slope <= 0 or ago is None or latest_t <= ago[0]:
+        return slope
+    recent = (latest - ago[1]) / (latest_t - ago[0])
+    return slope if recent >= STEP_PACE * slope else max(0.0, recent)
+
+
+def _before(points: Sequence[tuple[float, float]], t_s: float, lo_s: float) -> tuple[float, float] | None:
+    """The last of the time-ordered ``points`` at or before ``t_s`` and not before ``lo_s``."""
+    k = bisect_right(points, t_s, key=_time_of)
+    if k == 0 or points[k - 1][0] < lo_s:
+        return None
+    return points[k - 1]
+
+
 def forecast_rate(points: Sequence[tuple[float, float]], now_s: float, lead_s: float, trend_window_s: float,
                   burst_window_s: float, burst_hold_s: float | None = None,
                   history_start_s: float | None = None, fall_to: float | None = None,
-                  fall_s: float = 0.0) -> tuple[float, float, float]:
+                  fall_s: float = 0.0, confirm_s: float = 0.0) -> tuple[float, float, float]:
     """(forecast, trend part, burst part) of a rate ``lead_s`` after ``now_s`` from ``points``
     (sorted by time, the last one the latest observation); with ``fall_to`` the burst part
     counts the points :func:`spikes` keeps (and the latest rate). Until the history (observed since
@@ -124,7 +154,8 @@ def forecast_rate(points: Sequence[tuple[float, float]], now_s: float, lead_s: f
     them over the full lead held 20 replicas for a 2-replica load. (No trend at all until the
     window is covered was tried and measured worse: ``bench/decision_quality.py --quick --cases
     azure-code-0-30min,sawtooth``, training rows, 82.02 % $119.19 and 99.35 % $119.20 against
-    87.23 % $121.85 and 99.97 % $118.15 with the share.)"""
+    87.23 % $121.85 and 99.97 % $118.15 with the share.) With ``confirm_s`` (shorter than the trend
+    window) the slope is :func:`confirmed_slope`'s."""
     if not points:
         return 0.0, 0.0, 0.0
     latest = points[-1][1]
@@ -160,6 +191,9 @@ def forecast_rate(points: Sequence[tuple[float, float]], now_s: float, lead_s: f
         den = n * stt - st * st
         if den > 0:
             slope = (n * stv - st * sv) / den
+    if 0.0 < confirm_s < trend_window_s and slope > 0:
+        latest_t = points[-1][0]
+        slope = confirmed_slope(slope, latest_t, latest, _before(points, latest_t - confirm_s, t_trend))
     trend = max(0.0, latest + max(0.0, slope) * lead_s * covered)
     return max(trend, burst), trend, burst
 
@@ -256,6 +290,21 @@ def _first_spike(maxima: Sequence[tuple[float, float]], fall_to: float, fall_s: 
     return maxima[-1][1]
 
 
+def _sample_before(samples: Sequence[Sample3], col: int, t_s: float, lo_s: float) -> tuple[float, float] | None:
+    """``(t_s, rate)`` of the last of ``samples`` with rate ``col`` at or before ``t_s`` and not
+    before ``lo_s`` (what :func:`_before` finds among the points of that rate)."""
+    k = bisect_right(samples, t_s, key=_time_of)
+    while k > 0:
+        k -= 1
+        item = samples[k]
+        if item[0] < lo_s:
+            return None
+        v = item[col]
+        if v is not None:
+            return item[0], v
+    return None
+
+
 class RunningWindow:
     """Running sums of the fine samples, so a tick costs O(1) instead of a pass over the window.
 
@@ -348,7 +397,7 @@ class RunningWindow:
     def forecast(self, name: str, col: int, samples: Sequence[Sample3], peaks: Sequence[Sample3], now_s: float,
                  lead_s: float, trend_window_s: float, burst_window_s: float, burst_hold_s: float | None,
                  history_start_s: float, fall_to: float | None = None,
-                 fall_s: float = 0.0) -> tuple[float, float, float] | None:
+                 fall_s: float = 0.0, confirm_s: float = 0.0) -> tuple[float, float, float] | None:
         """What :func:`forecast_rate` gives on the peaks and samples of rate ``name``, from the
         running sums; ``None`` where they cannot tell (then recompute): no sample of that rate,
         or a configuration where the fine samples are not exactly the trend window at full weight
@@ -394,6 +443,9 @@ class RunningWindow:
             den = n * sxx - sx * sx
             if den > 0:
                 slope = (n * sxv - sx * sv) / den
+        if 0.0 < confirm_s < trend_window_s and slope > 0:
+            slope = confirmed_slope(slope, latest_t, latest,
+                                    _sample_before(samples, col, latest_t - confirm_s, now_s - trend_window_s))
         trend = max(0.0, latest + max(0.0, slope) * lead_s * covered)
         return max(trend, burst), trend, burst
 
@@ -432,6 +484,14 @@ class Forecast(PolicyKind):
             600, gt=0, le=MAX_WINDOW_S,
             description="Window of the least-squares trend, seconds; only a rising trend is "
                         "extrapolated.",
+        )
+        trend_confirm_s: float = Field(
+            180, ge=0, le=MAX_WINDOW_S,
+            description="The trend is extrapolated only while the load still rises: where the "
+                        "rise over the last trend_confirm_s seconds is under a quarter of the "
+                        "trend's pace (a step that is over, which the window's slope would go on "
+                        "projecting while the step stays in the window), that recent pace is "
+                        "extrapolated instead. 0, or not shorter than trend_window_s: off.",
         )
         burst_hold_s: float | None = Field(
             None, ge=0, le=MAX_WINDOW_S,
@@ -562,12 +622,13 @@ class Forecast(PolicyKind):
                 continue
             col = 1 if sub == "requests" else 2
             got = running.forecast(sub, col, samples, peaks, now_s, p.lead_time_s, p.trend_window_s,
-                                   p.burst_window_s, p.burst_hold_s, since, p.burst_fall_to, p.burst_fall_s)
+                                   p.burst_window_s, p.burst_hold_s, since, p.burst_fall_to, p.burst_fall_s,
+                                   p.trend_confirm_s)
             if got is None:
                 pts = [(s[0], v) for s in peaks if (v := s[col]) is not None]
                 pts += [(s[0], v) for s in samples if (v := s[col]) is not None]
                 got = forecast_rate(pts, now_s, p.lead_time_s, p.trend_window_s, p.burst_window_s,
-                                    p.burst_hold_s, since, p.burst_fall_to, p.burst_fall_s)
+                                    p.burst_hold_s, since, p.burst_fall_to, p.burst_fall_s, p.trend_confirm_s)
             f, trend, burst = got
             need = f * p.headroom
             planned = per_replica[sub] * p.capacity_fraction

@@ -210,6 +210,42 @@ def test_trend_slope_and_forecast_rate() -> None:
     assert trend == pytest.approx(3.0) and burst == 2.0 and f == pytest.approx(3.0)
 
 
+def _trend(rec: Recommendation) -> float:
+    """The requests trend the rule's message reports."""
+    part = rec.message.split("requests: ", 1)[1]
+    return float(part.split("trend ", 1)[1].split(",", 1)[0])
+
+
+def test_a_step_that_is_over_is_not_a_trend() -> None:
+    # 3 req/s for ten minutes, then 52 from one tick to the next, held five minutes (a square wave's
+    # busy phase, a lasting step): the window's slope would project ~100 req/s one lead time on
+    # and order cloud for it; the load stopped rising minutes ago, so the forecast stays at 52.
+    rates = [3.0] * 40 + [52.0] * 20
+    kind = build(burst_window_s=0, signals=("requests",))
+    rec = run(kind, rates)
+    assert _trend(rec) == pytest.approx(52.0), rec.message
+    assert rec.replicas == math.ceil(52.0 / 1.6)
+    off = run(build(burst_window_s=0, signals=("requests",), trend_confirm_s=0), rates)
+    assert _trend(off) > 90.0, off.message  # the step's artifact, without the check
+    # within trend_confirm_s of the step the rise still counts (too soon to tell a step from a ramp)
+    early = run(kind, [3.0] * 40 + [52.0] * 8)
+    assert _trend(early) > 60.0, early.message
+
+
+def test_a_rising_ramp_keeps_its_trend_and_one_that_levelled_off_does_not() -> None:
+    # a ramp of 0.1 req/s every 15 s with +-3 % noise for ten minutes: the recent rise keeps pace
+    # with the slope (noise and all), so the slope is extrapolated as without the check
+    noisy = [(2.0 + 0.1 * i) * (1.0 + 0.03 * (-1) ** i) for i in range(40)]
+    on = run(build(burst_window_s=0, signals=("requests",)), noisy)
+    off = run(build(burst_window_s=0, signals=("requests",), trend_confirm_s=0), noisy)
+    assert _trend(on) == _trend(off) and _trend(on) > noisy[-1] + 2.0
+    # the same ramp for six minutes, then flat for four: the rise is over, the level is forecast
+    levelled = [2.0 + 0.1 * min(i, 24) for i in range(40)]
+    rec = run(build(burst_window_s=0, signals=("requests",)), levelled)
+    assert _trend(rec) == pytest.approx(levelled[-1]), rec.message
+    assert _trend(run(build(burst_window_s=0, signals=("requests",), trend_confirm_s=0), levelled)) > levelled[-1] + 1.0
+
+
 rates_st = st.lists(st.floats(min_value=0, max_value=1e4, allow_nan=False), min_size=1, max_size=40)
 
 
@@ -310,8 +346,10 @@ def test_running_sums_equal_the_recomputed_window(data: st.DataObject,
     lead = data.draw(st.sampled_from([0.0, 480.0]))
     fall_to = data.draw(st.sampled_from([None, 0.5, 0.9]))
     fall_s = data.draw(st.sampled_from([0.0, 60.0, 120.0, 400.0]))
+    confirm = data.draw(st.sampled_from([0.0, 30.0, 180.0, 400.0]))
     kind = build(trend_window_s=trend, burst_window_s=window, burst_hold_s=hold, lead_time_s=lead,
-                 history_s=data.draw(st.sampled_from([300.0, 1800.0])), burst_fall_to=fall_to, burst_fall_s=fall_s)
+                 history_s=data.draw(st.sampled_from([300.0, 1800.0])), burst_fall_to=fall_to, burst_fall_s=fall_s,
+                 trend_confirm_s=confirm)
     state: Any = {}
     now = T0
     compared = 0
@@ -325,7 +363,7 @@ def test_running_sums_equal_the_recomputed_window(data: st.DataObject,
         since = -math.inf if peaks else (samples[0][0] if samples else now.timestamp())
         for name, col in COLUMNS:
             got = running.forecast(name, col, samples, peaks, now.timestamp(), lead, trend, window, hold, since,
-                                   fall_to, fall_s)
+                                   fall_to, fall_s, confirm)
             pts = [(s[0], v) for s in peaks + samples if (v := s[col]) is not None]
             if fall_to is not None and pts:
                 # spikes only: never more than every peak, never less than the latest rate
@@ -334,7 +372,7 @@ def test_running_sums_equal_the_recomputed_window(data: st.DataObject,
                 assert pts[-1][1] - 1e-9 <= spiky <= plain + 1e-9
             if got is None:
                 continue  # a configuration the sums cannot answer: recomputed in recommend()
-            want = forecast_rate(pts, now.timestamp(), lead, trend, window, hold, since, fall_to, fall_s)
+            want = forecast_rate(pts, now.timestamp(), lead, trend, window, hold, since, fall_to, fall_s, confirm)
             assert got == pytest.approx(want, rel=1e-9, abs=1e-9)
             compared += 1
     # where the fine samples are the trend window at full weight, a tick with a rate is answered
