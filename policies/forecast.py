@@ -134,14 +134,6 @@ def confirmed_slope(slope: float, latest_t: float, latest: float, ago: tuple[flo
     return slope if recent >= STEP_PACE * slope else max(0.0, recent)
 
 
-def _before(points: Sequence[tuple[float, float]], t_s: float, lo_s: float) -> tuple[float, float] | None:
-    """The last of the time-ordered ``points`` at or before ``t_s`` and not before ``lo_s``."""
-    k = bisect_right(points, t_s, key=_time_of)
-    if k == 0 or points[k - 1][0] < lo_s:
-        return None
-    return points[k - 1]
-
-
 def forecast_rate(points: Sequence[tuple[float, float]], now_s: float, lead_s: float, trend_window_s: float,
                   burst_window_s: float, burst_hold_s: float | None = None,
                   history_start_s: float | None = None, fall_to: float | None = None,
@@ -193,7 +185,7 @@ def forecast_rate(points: Sequence[tuple[float, float]], now_s: float, lead_s: f
             slope = (n * stv - st * sv) / den
     if 0.0 < confirm_s < trend_window_s and slope > 0:
         latest_t = points[-1][0]
-        slope = confirmed_slope(slope, latest_t, latest, _before(points, latest_t - confirm_s, t_trend))
+        slope = confirmed_slope(slope, latest_t, latest, _sample_before(points, 1, latest_t - confirm_s, t_trend))
     trend = max(0.0, latest + max(0.0, slope) * lead_s * covered)
     return max(trend, burst), trend, burst
 
@@ -290,9 +282,11 @@ def _first_spike(maxima: Sequence[tuple[float, float]], fall_to: float, fall_s: 
     return maxima[-1][1]
 
 
-def _sample_before(samples: Sequence[Sample3], col: int, t_s: float, lo_s: float) -> tuple[float, float] | None:
-    """``(t_s, rate)`` of the last of ``samples`` with rate ``col`` at or before ``t_s`` and not
-    before ``lo_s`` (what :func:`_before` finds among the points of that rate)."""
+def _sample_before(samples: Sequence[tuple[Any, ...]], col: int, t_s: float,
+                   lo_s: float) -> tuple[float, float] | None:
+    """``(t_s, rate)`` of the last of the time-ordered ``samples`` (``Sample3``, or ``(t_s, rate)``
+    points with ``col`` 1) with rate ``col`` at or before ``t_s`` and not before ``lo_s``; ``None``
+    where there is none."""
     k = bisect_right(samples, t_s, key=_time_of)
     while k > 0:
         k -= 1
