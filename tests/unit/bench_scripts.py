@@ -4,6 +4,7 @@ package: loaded from their files)."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -15,5 +16,6 @@ def load(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # registered before it runs: dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
