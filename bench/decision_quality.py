@@ -41,7 +41,9 @@ spread over ``--jobs`` processes (default: every core) with a progress bar on st
 ``../shared/data`` the shared traces are skipped (the adversarial ones still run).
 
 ``--default-only --seeds SPEC`` (``0-8``, ``0,3,5``): tidegate's default point at every listed seed
-(each seed draws its own adversarial traces and spot service times), one line per run, then per
+(each seed draws its own adversarial traces, and for every trace which requests the load scaling
+keeps or repeats and, for a rate series, the arrivals; with ``--trace`` the trace itself stays),
+one line per run, then per
 trace the mean and the worst attainment and the mean and the highest cost over the seeds. One
 seed's row can hide what the others show: on the diurnal day a whole spot pool is reclaimed at
 the peak, and whether on-demand capacity is already in place when it goes decides between 99.9 %
@@ -431,8 +433,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="run tidegate's default point only and print one line per trace (no baselines, no plan)")
     ap.add_argument("--cases", default=None, help="comma list: run only these traces (names as in the tables)")
     ap.add_argument("--seeds", default=None, metavar="SPEC",
-                    help="with --default-only: run at every seed of SPEC (0-8, 0,3,5) and summarise per trace "
-                         "(mean and worst attainment, mean and highest cost)")
+                    help="with --default-only (and --trace or the suite): run at every seed of SPEC (0-8, 0,3,5) "
+                         "and summarise per trace (mean and worst attainment, mean and highest cost)")
     ap.add_argument("--no-speed", action="store_true", help="skip the speed measurements (the default; see --speed)")
     ap.add_argument("--speed", action="store_true",
                     help="also measure the simulator's speed: the Azure hour request by request (target 10 s), a "
@@ -452,9 +454,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"decision_quality: --seeds {args.seeds!r}: {e}", file=sys.stderr)
             return 2
-        if not args.default_only or args.trace:
-            print("decision_quality: --seeds needs --default-only and no --trace (the frontiers at several seeds: "
-                  "run --seed N once per seed)", file=sys.stderr)
+        if not args.default_only:
+            print("decision_quality: --seeds needs --default-only (the frontiers at several seeds: run --seed N "
+                  "once per seed)", file=sys.stderr)
             return 2
     if args.from_json:
         docs = [d for f in args.from_json for d in json.loads(Path(f).read_text())["traces"]]
@@ -473,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             for note in sc.notes:  # how the trace was scaled, and what no controller can reach on it
                 print(f"decision_quality: note: {cases[0].name}: {note}", file=sys.stderr)
+            if seeds is not None:  # the trace stays: the seeds draw its load scaling (and a rate series' arrivals)
+                return default_points_over_seeds({s: cases for s in seeds}, max(1, args.jobs), args.json)
         else:
             if not SHARED_DATA.exists():
                 print(f"note: the shared data folder {SHARED_DATA} is absent: the shared traces are skipped",

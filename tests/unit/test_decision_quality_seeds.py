@@ -109,3 +109,15 @@ def test_seeds_refused_with_one_line(args: tuple[str, ...], says: str) -> None:
     proc = _bench(*args)
     assert proc.returncode == 2
     assert says in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_seeds_on_a_given_trace_keep_the_trace(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from controller.sim.adversarial import ADVERSARIES, write_azure_csv
+
+    trace = write_azure_csv(ADVERSARIES["steady"](3).trace.head(900.0), tmp_path / "steady.csv")
+    proc = _bench("--trace", str(trace), "--default-only", "--jobs", "2", "--seeds", "0,1", "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [(r["case"], r["split"], r["seed"]) for r in doc["runs"]] == [("steady", "given", 0), ("steady", "given", 1)]
+    (row,) = doc["traces"]
+    assert row["seeds"] == [0, 1] and row["case"] == "steady"
