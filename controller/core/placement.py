@@ -76,8 +76,15 @@ rules, in the order they apply:
    replacements are reported (``PlacementResult.return_spare``, reason ``FallbackReturn``) so
    the pipeline does not count them as demand.
 
+8. **Paid slots** (``placement.fill_paid_nodes``, off by default): an on-prem node is billed while
+   it holds any replica, so the free slots of on-prem nodes that hold replicas are filled, at no
+   cost, within ``max_total``, on pools that take replicas (not pinned, drained or unavailable).
+   They are spares (``PlacementResult.paid_spare``, kept from tick to tick as the hedge's are, no
+   demand for the pipeline): on the benchmark's step (a third of the load for 30 minutes, then
+   three times that) the fleet holds 8 ready replicas on two on-prem nodes where the total asks 7.
+
 Each rule is a function of ``place``'s (``_keep_valid``, ``_trim_excess``, ``_trim_cloud``, ``_trim_to_budget``,
-``_fill``, ``_repair_spread``, ``_fill_hedge``, ``_return_from_fallback``, then ``_shortfall`` and ``_reason`` for what shaped the result);
+``_fill``, ``_repair_spread``, ``_fill_hedge``, ``_return_from_fallback``, ``_fill_paid``, then ``_shortfall`` and ``_reason`` for what shaped the result);
 they work on private per-pool views and return what they did with their events (reason code,
 message), which ``PlacementResult.events`` lists in that order.
 
@@ -221,6 +228,9 @@ class PlacementResult:
     replicas (``placement.return_from_fallback``): the on-demand replicas go when they serve."""
     return_released: int = 0
     """On-demand replicas released because the previous decision's replacements serve."""
+    paid_spare: int = 0
+    """Spare replicas above the total (and the other spares) in the free slots of on-prem nodes
+    already billed (``placement.fill_paid_nodes``)."""
     why: tuple[str, ...] = ()
     """Why each pool got what it got, for people: the order pools were filled in with the
     replica-hour prices that set it (``gcp-spot before aws-spot: $3.75 vs $3.79 per replica-hour``),
@@ -232,8 +242,9 @@ class PlacementResult:
 
     @property
     def spare(self) -> int:
-        """Replicas above the total asked for that are no demand: the hedge's and the replacements."""
-        return self.hedge_spare + self.return_spare
+        """Replicas above the total asked for that are no demand: the hedge's, the replacements and
+        the paid slots'."""
+        return self.hedge_spare + self.return_spare + self.paid_spare
 
     def message(self) -> str:
         pools = ", ".join([f"{k}={v}" for k, v in self.replicas.items()])
@@ -355,6 +366,7 @@ def place(
     spread = _repair_spread(views, fill.cost, cap, placement.spot_spread_min_pools)
     hedge = _fill_hedge(views, want, risk, cap, placement, max_cloud)
     back = _return_from_fallback(views, cap, max_total, max_cloud, risk.interrupted, placement)
+    paid = _fill_paid(views, max_total) if placement.fill_paid_nodes else _NO_PAID
     short = _shortfall(views, want, cap, placement.allow_on_demand, trim.removed, max_cloud)
     return PlacementResult(
         replicas={p.name: p.replicas for p in views},
@@ -363,8 +375,8 @@ def place(
         kept={p.name: p.kept for p in views},
         reason=_hedge_reason(_return_reason(_reason(kept, short, fill, held.replicas), released, back), hedge),
         events=tuple(kept.events + held.events + released.events + cloud_events + trim.events + fill.events + spread
-                     + hedge.events + back.events + short.events),
-        hedge_spare=hedge.spare,
+                     + hedge.events + back.events + paid.events + short.events),
+        hedge_spare=hedge.spare, paid_spare=paid.spare,
         return_spare=back.replicas, return_released=released.replicas,
         interrupted_removed=kept.interrupted_removed,
         interrupted_replaced=min(kept.interrupted_removed, fill.added), not_replaced=fill.not_bought + held.replicas,
@@ -1067,6 +1079,38 @@ def _hedge_message(spare: int, risk: _Risk, added_by: Mapping[int, int]) -> str:
 def _hedge_reason(reason: str, hedge: _Hedge) -> str:
     """``SpotHedge`` where the placement was otherwise unremarkable and holds spares."""
     return _SPOT_HEDGE if hedge.spare > 0 and reason == _PLACED else reason
+
+
+class _Paid(NamedTuple):
+    """Step 8's value: the spares added in the free slots of billed on-prem nodes, and where."""
+
+    spare: int
+    events: list[tuple[str, str]]
+
+
+_NO_PAID = _Paid(0, [])
+
+
+def _fill_paid(views: list[_Pool], max_total: int | None) -> _Paid:
+    """Step 8: fill the free slots of on-prem nodes that hold replicas (billed whole while they
+    hold any: the slots cost nothing), on pools that take replicas, within ``max_total``."""
+    room = math.inf if max_total is None else max_total - sum([p.replicas for p in views])
+    added: list[str] = []
+    n = 0
+    for p in views:
+        if room <= 0:
+            break
+        if p.tier != _ONPREM or not p.accepts or p.pinned or p.replicas <= 0:
+            continue
+        free = int(min((-p.replicas) % p.per_node, p.capacity - p.replicas, room))
+        if free > 0:
+            p.replicas += free
+            room -= free
+            n += free
+            added.append(f"{free} on {p.name}")
+    if not n:
+        return _NO_PAID
+    return _Paid(n, [(_PLACED, f"paid slots: {', '.join(added)} (free slots of on-prem nodes already billed; spares)")])
 
 
 def held_spare(rule_state: Mapping[str, Mapping[str, object]], part: str = "spare") -> int:
