@@ -376,8 +376,7 @@ def place(
         reason=_hedge_reason(_return_reason(_reason(kept, short, fill, held.replicas), released, back), hedge),
         events=tuple(kept.events + held.events + released.events + cloud_events + trim.events + fill.events + spread
                      + hedge.events + back.events + paid.events + short.events),
-        hedge_spare=hedge.spare, paid_spare=paid.spare,
-        return_spare=back.replicas, return_released=released.replicas,
+        hedge_spare=hedge.spare, paid_spare=paid.spare, return_spare=back.replicas, return_released=released.replicas,
         interrupted_removed=kept.interrupted_removed,
         interrupted_replaced=min(kept.interrupted_removed, fill.added), not_replaced=fill.not_bought + held.replicas,
         capacity_limited=short.capacity_limited, budget_limited=short.budget_limited,
