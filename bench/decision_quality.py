@@ -502,10 +502,14 @@ def default_points(cases: list[Case], seed: int, jobs: int) -> int:
         futs = [(c, ex.submit(run_one, c, seed, "tidegate", DEFAULT_CAPACITY_FRACTION))
                 for c in sorted(cases, key=lambda c: -c.weight)]
         for c, f in futs:
-            r = f.result()
-            print(f"{c.split:12s} {c.name:22s} {_pct(r['attainment'])} ${r['cost']:,.2f}"
-                  f"  undone scale-downs {r['undone_scale_downs']}", flush=True)
+            print(_default_line(c, f.result()), flush=True)
     return 0
+
+
+def _default_line(c: Case, r: dict[str, Any]) -> str:
+    """One default point: split, trace, attainment, cost, pool scale-downs undone within a minute."""
+    return (f"{c.split:12s} {c.name:22s} {_pct(r['attainment'])} ${r['cost']:,.2f}"
+            f"  undone scale-downs {r['undone_scale_downs']}")
 
 
 def _kept(cases: list[Case], keep: set[str] | None) -> list[Case]:
@@ -573,8 +577,7 @@ def default_points_over_seeds(by_seed: dict[int, list[Case]], jobs: int, json_to
             runs.append({"case": c.name, "split": c.split, "seed": s, "attainment": r["attainment"],
                          "cost": r["cost"], "undone_scale_downs": r["undone_scale_downs"]})
             if json_to != "-":
-                print(f"seed {s:<3} {c.split:12s} {c.name:22s} {_pct(r['attainment'])} ${r['cost']:,.2f}"
-                      f"  undone scale-downs {r['undone_scale_downs']}", flush=True)
+                print(f"seed {s:<3} {_default_line(c, r)}", flush=True)
     rows = seed_summary(runs)
     if json_to is not None:
         text = json.dumps({"seeds": list(by_seed), "runs": runs, "traces": rows}, indent=1)

@@ -79,8 +79,9 @@ rules, in the order they apply:
 8. **Paid slots** (``placement.fill_paid_nodes``, off by default): an on-prem node is billed while
    it holds any replica, so the free slots of on-prem nodes that hold replicas are filled, at no
    cost, within ``max_total``, on pools that take replicas (not pinned, drained or unavailable).
-   They are spares (``PlacementResult.paid_spare``, kept from tick to tick as the hedge's are, no
-   demand for the pipeline): on the benchmark's step (a third of the load for 30 minutes, then
+   They are spares (``PlacementResult.paid_spare``, recorded in the spare state as the hedge's
+   are, no demand for the pipeline; step 2 trims them with any excess and this step fills the
+   slots again, so the placement holds still): on the benchmark's step (a third of the load for 30 minutes, then
    three times that) the fleet holds 8 ready replicas on two on-prem nodes where the total asks 7.
 
 Each rule is a function of ``place``'s (``_keep_valid``, ``_trim_excess``, ``_trim_cloud``, ``_trim_to_budget``,

@@ -69,8 +69,10 @@ def test_filling_never_costs_more_and_only_adds_spares_on_prem(current: dict[str
 
 def test_the_spares_serve_and_are_no_demand_tick_after_tick() -> None:
     # the pipeline's fleet: one on-prem node of 4 slots. A rule asks 3: 4 run, the fourth a spare;
-    # the next ticks (the 4 running, ready) the rules still see 3, and the total does not ratchet
-    pol = tp.policy(tp.fixed(3), placement={"fill_paid_nodes": True})
+    # the next ticks (the 4 running, ready) the rules still see 3, and the total does not ratchet:
+    # a rule with missing data holds the current replicas, which would be 4 (no spare left) if the
+    # spare were read as demand
+    pol = tp.policy(tp.fixed(3), tp.fixed(rule="gone", missing=True), placement={"fill_paid_nodes": True})
     d = tp.run(pol, {})
     assert d.placement["onprem"] == 4 and d.replicas == 4
     assert d.history.rule_state[SPARE_STATE_KEY] == {"spare": 1}
