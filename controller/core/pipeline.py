@@ -57,7 +57,8 @@ from controller.core.model import (
     Stage,
 )
 from controller.core.overrides import OverrideEffect, resolve
-from controller.core.placement import SPARE_STATE_KEY, PlacementResult, held_spare, place, preferred_pool, spare_state
+from controller.core.placement import (SPARE_STATE_KEY, WARM_STATE_KEY, PlacementResult, held_spare, place, preferred_pool,
+                                       spare_state, warm_spot)
 from controller.core.policy import EffectivePolicy
 from controller.core.pricing import hourly_cost_at_usd, placement_cost
 from controller.core.reasons import (  # the codes as plain strings: see controller.core.reasons
@@ -572,6 +573,22 @@ def _need(op: _Opinions, total: int, arrivals: float | None, missing: bool,
                          missing=missing, pressure=pressure)
 
 
+def _warm_spot(op: _Opinions, model: ModelSpec, pools: Mapping[str, PoolSpec], states: Mapping[str, PoolState],
+               spec: PolicySpec, history: History, drained: frozenset[str], total: int, now: datetime) -> bool:
+    """Stage 10's warm spot node (``placement.warm_spot_at``): whether placement holds it, from the
+    present need against the on-prem slots; its state goes to ``op.rule_state``."""
+    at = spec.placement.warm_spot_at
+    if at is None:
+        return False
+    warm, state = warm_spot(history.rule_state.get(WARM_STATE_KEY, _EMPTY_STATE),
+                            present=_need(op, total, None, False, None).present,
+                            slots=leadtime.onprem_room(model, pools, states, spec.placement, drained),
+                            at=at, hold_s=spec.placement.warm_spot_hold_s, now_s=now.timestamp())
+    if state:
+        op.rule_state[WARM_STATE_KEY] = state
+    return warm
+
+
 def _cloud_views(model: ModelSpec, pools: Mapping[str, PoolSpec], states: Mapping[str, PoolState], spec: PolicySpec,
                  drained: frozenset[str]) -> tuple[int, int, int, float | None]:
     """(on-prem room, cloud replicas, of those ready, cloud lead time) for ``leadtime.cloud_cap``."""
@@ -761,9 +778,8 @@ def decide(
     combined = _combine(op, recommended, current)
     tolerated = _tolerance(combined, current, spec.behavior)
     guarded = _missing_data(tolerated, op.missing, signals, current, spec.missing_data)
-    rec_keep_s, event_keep_s = policy.keep_s
-    recommendations, stabilized = _stabilize(guarded, current, history, now, spec.behavior, rec_keep_s)
-    events, limited = _rate_limit(stabilized, current, history, now, spec.behavior, event_keep_s)
+    recommendations, stabilized = _stabilize(guarded, current, history, now, spec.behavior, policy.keep_s[0])
+    events, limited = _rate_limit(stabilized, current, history, now, spec.behavior, policy.keep_s[1])
     effect = resolve(overrides, model=model, now=now)
     lo, bounded = _bounds(limited, effect, op.floor, spec.bounds)
     fixed, drained, overridden = _overrides(bounded, effect, previous, spec.bounds.max_replicas)
@@ -772,7 +788,8 @@ def decide(
     fill = partial(place, model=model, pools=pools, states=states, placement=spec.placement, drained=drained,
                    pinned=fixed, max_total=effect.bounds_for(spec.bounds.min_replicas, spec.bounds.max_replicas)[1],
                    max_cloud=max_cloud, returning=held_spare(history.rule_state, "return") if spare else 0,
-                   window_held=_window_held(timed.value, guarded.value, recommendations, now, spec, lo, fixed, effect))
+                   window_held=_window_held(timed.value, guarded.value, recommendations, now, spec, lo, fixed, effect),
+                   warm_spot=_warm_spot(op, model, pools, states, spec, history, drained, timed.value, now))
     cap = _cost_cap(spec.budget, fresh.output_tokens, lo, timed.value, fill)
     result = fill(total=timed.value, max_cost_per_hour_usd=cap.usd)
     placed = _placement(timed, result, current, previous, fixed)

@@ -83,9 +83,15 @@ rules, in the order they apply:
    are, no demand for the pipeline; step 2 trims them with any excess and this step fills the
    slots again, so the placement holds still): on the benchmark's step (a third of the load for 30 minutes, then
    three times that) the fleet holds 8 ready replicas on two on-prem nodes where the total asks 7.
+   Then the **warm spot node** (``placement.warm_spot_at``; the pipeline says when: ``warm_spot``,
+   :func:`warm_spot`): when no spot pool holds a replica, one spare on the spot pool with the most
+   replicas per node (then the cheapest replica-hour) among the ``spot_spread_min_pools`` cheapest
+   (those step 4 fills first), within ``max_total``, ``max_cloud`` and the budget (``PlacementResult.warm_spare``, a spare as above). Its node is billed whole, so when
+   the load steps beyond on-prem the node's free slots serve after the cold start alone, where a
+   new node serves after the pool's provisioning delay and the cold start.
 
 Each rule is a function of ``place``'s (``_keep_valid``, ``_trim_excess``, ``_trim_cloud``, ``_trim_to_budget``,
-``_fill``, ``_repair_spread``, ``_fill_hedge``, ``_return_from_fallback``, ``_fill_paid``, then ``_shortfall`` and ``_reason`` for what shaped the result);
+``_fill``, ``_repair_spread``, ``_fill_hedge``, ``_return_from_fallback``, ``_spares``, then ``_shortfall`` and ``_reason`` for what shaped the result);
 they work on private per-pool views and return what they did with their events (reason code,
 message), which ``PlacementResult.events`` lists in that order.
 
@@ -232,6 +238,8 @@ class PlacementResult:
     paid_spare: int = 0
     """Spare replicas above the total (and the other spares) in the free slots of on-prem nodes
     already billed (``placement.fill_paid_nodes``)."""
+    warm_spare: int = 0
+    """The warm spot node's spare replica (``placement.warm_spot_at``; ``place``'s ``warm_spot``)."""
     why: tuple[str, ...] = ()
     """Why each pool got what it got, for people: the order pools were filled in with the
     replica-hour prices that set it (``gcp-spot before aws-spot: $3.75 vs $3.79 per replica-hour``),
@@ -243,9 +251,9 @@ class PlacementResult:
 
     @property
     def spare(self) -> int:
-        """Replicas above the total asked for that are no demand: the hedge's, the replacements and
-        the paid slots'."""
-        return self.hedge_spare + self.return_spare + self.paid_spare
+        """Replicas above the total asked for that are no demand: the hedge's, the replacements, the
+        paid slots' and the warm spot node's."""
+        return self.hedge_spare + self.return_spare + self.paid_spare + self.warm_spare
 
     def message(self) -> str:
         pools = ", ".join([f"{k}={v}" for k, v in self.replicas.items()])
@@ -337,7 +345,7 @@ def place(
     max_total: int | None = None,
     max_cloud: int | None = None,
     returning: int = 0,
-    window_held: int = 0,
+    window_held: int = 0, warm_spot: bool = False,
 ) -> PlacementResult:
     """Replicas per pool for ``total`` replicas of ``model``, by the module docstring's steps.
 
@@ -349,7 +357,7 @@ def place(
     total with the spares (the spot hedge's, none with pins; the fallback return's). ``max_cloud``
     caps the replicas on the unpinned cloud pools, spares included (``None``: no cap).
     ``returning``: the previous decision's ``return_spare`` (step 2 cancels those still starting).
-    ``window_held``: of ``total``, what only the scale-down memory holds (steps 2 and 4).
+    ``window_held``: of ``total``, what only the scale-down memory holds (steps 2 and 4); ``warm_spot``: step 8's.
     """
     cap = max_cost_per_hour_usd
     kept = _keep_valid(model, pools, states, placement, drained, pinned or {})
@@ -367,7 +375,7 @@ def place(
     spread = _repair_spread(views, fill.cost, cap, placement.spot_spread_min_pools)
     hedge = _fill_hedge(views, want, risk, cap, placement, max_cloud)
     back = _return_from_fallback(views, cap, max_total, max_cloud, risk.interrupted, placement)
-    paid = _fill_paid(views, max_total) if placement.fill_paid_nodes else _NO_PAID
+    paid = _spares(views, placement, warm_spot, max_total, max_cloud, cap)
     short = _shortfall(views, want, cap, placement.allow_on_demand, trim.removed, max_cloud)
     return PlacementResult(
         replicas={p.name: p.replicas for p in views},
@@ -377,7 +385,7 @@ def place(
         reason=_hedge_reason(_return_reason(_reason(kept, short, fill, held.replicas), released, back), hedge),
         events=tuple(kept.events + held.events + released.events + cloud_events + trim.events + fill.events + spread
                      + hedge.events + back.events + paid.events + short.events),
-        hedge_spare=hedge.spare, paid_spare=paid.spare, return_spare=back.replicas, return_released=released.replicas,
+        hedge_spare=hedge.spare, paid_spare=paid.spare, warm_spare=paid.warm, return_spare=back.replicas, return_released=released.replicas,
         interrupted_removed=kept.interrupted_removed,
         interrupted_replaced=min(kept.interrupted_removed, fill.added), not_replaced=fill.not_bought + held.replicas,
         capacity_limited=short.capacity_limited, budget_limited=short.budget_limited,
@@ -980,6 +988,10 @@ def _grow(p: _Pool, n: int) -> float:
 # Spot hedge (step 6), kept apart from the steps above
 # ---------------------------------------------------------------------------------------------
 
+WARM_STATE_KEY = "@warm-spot"
+"""Key of the warm spot node's state in ``History.rule_state``: ``{"until": epoch seconds}`` while
+it is held (:func:`warm_spot`); absent otherwise."""
+
 SPARE_STATE_KEY = "@spot-hedge"
 """Key of the spares a decision held above its total in ``History.rule_state`` (the pipeline's
 explicit state; rule names cannot start with ``@``): ``{"spare": n}``, the spot hedge's and the
@@ -1082,13 +1094,73 @@ def _hedge_reason(reason: str, hedge: _Hedge) -> str:
 
 
 class _Paid(NamedTuple):
-    """Step 8's value: the spares added in the free slots of billed on-prem nodes, and where."""
+    """Step 8's value: the spares added in the free slots of billed on-prem nodes, the warm spot
+    node's, and where."""
 
     spare: int
     events: list[tuple[str, str]]
+    warm: int = 0
 
 
 _NO_PAID = _Paid(0, [])
+
+
+def _spares(views: list[_Pool], placement: PlacementSpec, warm_spot: bool, max_total: int | None,
+            max_cloud: int | None, cap: float | None) -> _Paid:
+    """Step 8: the spares that cost little, each as the policy asks: the paid slots, then the warm
+    spot node."""
+    paid = _fill_paid(views, max_total) if placement.fill_paid_nodes else _NO_PAID
+    if not warm_spot:
+        return paid
+    warm, events = _fill_warm(views, max_total, max_cloud, cap, placement.spot_spread_min_pools)
+    return _Paid(paid.spare, paid.events + events, warm)
+
+
+def _fill_warm(views: list[_Pool], max_total: int | None, max_cloud: int | None, cap: float | None,
+               spread: int) -> tuple[int, list[tuple[str, str]]]:
+    """One spare replica on a spot pool that takes replicas, when no spot pool holds any, within
+    ``max_total``, ``max_cloud`` and the budget: (added, events). Among the ``spread`` cheapest
+    (those step 4 fills first, so a step's replicas go to the warm node's free slots) the one with
+    the most replicas per node, then the cheaper; the other spot pools only when none of those fits."""
+    if any([p.replicas > 0 for p in views if p.tier == _SPOT]):
+        return 0, []
+    if _at_bound(views, max_total, max_cloud):
+        return 0, [(_PLACED, "warm spot node: none (max_replicas or the cloud ceiling reached)")]
+    ranked = [p for p in _ranked(views, _SPOT) if not p.pinned]
+    cost = sum([p.cost() for p in views])
+    for p in sorted(ranked[:spread], key=_warm_rank) + sorted(ranked[spread:], key=_warm_rank):
+        if cap is None or cost + p.add_cost() <= cap + _EPS_USD:
+            p.replicas += 1
+            return 1, [(_PLACED, f"warm spot node: 1 on {p.name} (spare; a step beyond on-prem gets its "
+                                 f"{p.per_node - 1} free slots after the cold start alone)")]
+    return 0, [(_PLACED, "warm spot node: none (no spot pool takes replicas within the budget)")]
+
+
+def _at_bound(views: list[_Pool], max_total: int | None, max_cloud: int | None) -> bool:
+    """No replica more fits within ``max_total`` or the cloud ceiling ``max_cloud``."""
+    if max_total is not None and sum([p.replicas for p in views]) >= max_total:
+        return True
+    return max_cloud is not None and _cloud(views) >= max_cloud
+
+
+def _warm_rank(p: _Pool) -> tuple[int, float, int, str]:
+    """The warm spot node's pool: the most replicas per node first, then as ``_Pool.rank``."""
+    return -p.per_node, p.eff_cost, p.priority, p.name
+
+
+def warm_spot(state: Mapping[str, object], *, present: int, slots: int, at: float, hold_s: float,
+              now_s: float) -> tuple[bool, dict[str, float]]:
+    """Whether the warm spot node is held (``placement.warm_spot_at``), and the state for the next
+    decision (under :data:`WARM_STATE_KEY`): held while the ``present`` need reaches ``at`` of the
+    on-prem ``slots`` and ``hold_s`` after (``until``, epoch seconds); never without on-prem slots."""
+    raw = state.get("until")
+    until = float(raw) if isinstance(raw, (int, float)) and math.isfinite(raw) else None
+    if slots > 0 and present >= at * slots:
+        until = now_s + hold_s
+        return True, {"until": until}
+    if until is not None and now_s < until:
+        return True, {"until": until}
+    return False, {}
 
 
 def _fill_paid(views: list[_Pool], max_total: int | None) -> _Paid:
