@@ -121,9 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.training:
         print(write(args.folder / "day2024.csv", *training_day()))
         return 0
-    for name in MIXES:
-        print(write(args.folder / f"{name}.csv", *trace(name, args.seed, args.hours)))
+    for path in write_all(args.folder, args.seed, args.hours):
+        print(path)
     return 0
+
+
+def write_all(folder: Path, seed: int = 5, hours: float = 24.0) -> list[Path]:
+    """Every mix's trace as ``folder/<name>.csv`` (the folder exists)."""
+    return [write(folder / f"{name}.csv", *trace(name, seed, hours)) for name in MIXES]
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ plan's cost; >= 40 % cheaper than all-on-demand.
 
     python bench/decision_quality.py [--quick] [--jobs N] [--out DIR] [--json FILE]
     python bench/decision_quality.py --quick --default-only --seeds 0-8 [--json FILE]
+    python bench/decision_quality.py --quick --default-only [--seeds 0-8] [--unseen] --compare OTHER.yaml
     python bench/decision_quality.py --trace FILE [--format azure|rate] [--ttft-ms N] [--tpot-ms N]
         [--peak-replicas N] [--trace-start ISO] --json
 
@@ -48,11 +49,19 @@ trace the mean and the worst attainment and the mean and the highest cost over t
 seed's row can hide what the others show: on the diurnal day a whole spot pool is reclaimed at
 the peak, and whether on-demand capacity is already in place when it goes decides between 99.9 %
 and 86-89 %.
+
+``--default-only --compare FILE``: that default point under the policy (``--policy`` or the
+example) and under FILE, at ``--seed`` or every seed of ``--seeds``, side by side per trace (each
+one's mean and worst attainment and mean cost, the seeds where FILE's is higher and lower, the
+change of cost) and over all traces. ``--unseen`` adds the held-out day traces and rate shapes
+(``bench/day_traces.py``, ``bench/rate_shapes.py``; split ``unseen``): tune on the suite, check on
+these, in one command.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -60,7 +69,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -113,6 +122,9 @@ class Case:
     tpot_ms: float | None = None
     weight: float = 1.0
     """Relative run time (the longest go first, so the cores stay busy)."""
+    policy: str | None = None
+    """The policy file its runs use (``None``: :data:`POLICY`, ``--policy``): ``--compare`` runs
+    every case under two."""
 
 
 def _spot_present(spot: tuple[str, ...]) -> tuple[str, ...]:
@@ -163,16 +175,41 @@ def adversarial_cases(seed: int, folder: Path) -> list[Case]:
     return out
 
 
+def unseen_cases(folder: Path) -> list[Case]:
+    """The held-out day traces (``bench/day_traces.py``: a code, a chat and a RAG day, seed 5) and
+    rate shapes (``bench/rate_shapes.py``: evening, spike train, staircase, swells, seed 7), written
+    into ``folder``: traces no setting of the example policy was chosen on (split ``unseen``).
+    The shared spot traces on the spot pools when present, as ``--trace`` puts them."""
+    day_traces, rate_shapes = _bench_module("day_traces"), _bench_module("rate_shapes")
+    folder.mkdir(parents=True, exist_ok=True)
+    present = SHARED_DATA.exists()
+    days = [Case(p.stem, "unseen", str(p), spot=_spot_present(AZURE_SPOT) if present else (), weight=24.0)
+            for p in day_traces.write_all(folder)]
+    shapes = [Case(p.stem, "unseen", str(p), "rate", spot=_spot_present(MAF_SPOT) if present else (), weight=3.0)
+              for p in rate_shapes.write_all(folder)]
+    return days + shapes
+
+
+def _bench_module(name: str) -> Any:
+    """``bench/<name>.py``, imported by path (the bench folder is no package)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @lru_cache(maxsize=4)
 def scenario(case: Case, seed: int) -> Scenario:
     start = parse_start(case.trace_start)
-    sc = build_scenario(fleet=FLEET, trace=case.trace, fmt=case.fmt, policy=POLICY, peak_replicas=case.peak_replicas,
+    policy = Path(case.policy) if case.policy else POLICY
+    sc = build_scenario(fleet=FLEET, trace=case.trace, fmt=case.fmt, policy=policy, peak_replicas=case.peak_replicas,
                         seed=seed, spot=list(case.spot), ttft_ms=case.ttft_ms, tpot_ms=case.tpot_ms,
                         trace_start=start, start=start, window_s=case.window_s, options=EngineOptions(progress=False))
     assert sc.policy is not None
     for rule in sc.policy.spec.rules:
         if rule.params.get("capacity_fraction", DEFAULT_CAPACITY_FRACTION) != DEFAULT_CAPACITY_FRACTION:
-            raise SystemExit(f"{POLICY}: rule {rule.name or rule.kind} has capacity_fraction "
+            raise SystemExit(f"{policy}: rule {rule.name or rule.kind} has capacity_fraction "
                              f"{rule.params['capacity_fraction']}: the default point is the {DEFAULT_CAPACITY_FRACTION} "
                              "setting's run; set DEFAULT_CAPACITY_FRACTION to the policy's value")
     # equal terms: every controller starts from the policy's minimum, on-prem, ready
@@ -435,6 +472,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default=None, metavar="SPEC",
                     help="with --default-only (and --trace or the suite): run at every seed of SPEC (0-8, 0,3,5) "
                          "and summarise per trace (mean and worst attainment, mean and highest cost)")
+    ap.add_argument("--unseen", action="store_true",
+                    help="also run the held-out day traces and rate shapes (bench/day_traces.py, bench/rate_shapes.py)")
+    ap.add_argument("--compare", default=None, metavar="FILE",
+                    help="with --default-only: the default point under the policy (--policy or the example) and "
+                         "under FILE, side by side per trace (seeds higher and lower, the change of cost)")
     ap.add_argument("--no-speed", action="store_true", help="skip the speed measurements (the default; see --speed)")
     ap.add_argument("--speed", action="store_true",
                     help="also measure the simulator's speed: the Azure hour request by request (target 10 s), a "
@@ -458,6 +500,14 @@ def main(argv: list[str] | None = None) -> int:
             print("decision_quality: --seeds needs --default-only (the frontiers at several seeds: run --seed N "
                   "once per seed)", file=sys.stderr)
             return 2
+    if args.compare is not None:
+        if not args.default_only:
+            print("decision_quality: --compare needs --default-only (it compares two policies' default points)",
+                  file=sys.stderr)
+            return 2
+        if not Path(args.compare).is_file():
+            print(f"decision_quality: --compare {args.compare}: no such file", file=sys.stderr)
+            return 2
     if args.from_json:
         docs = [d for f in args.from_json for d in json.loads(Path(f).read_text())["traces"]]
         for d in docs:
@@ -475,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             for note in sc.notes:  # how the trace was scaled, and what no controller can reach on it
                 print(f"decision_quality: note: {cases[0].name}: {note}", file=sys.stderr)
+            if args.compare is not None:
+                return compare_policies({s: cases for s in seeds or [args.seed]}, args.compare, max(1, args.jobs),
+                                        args.json)
             if seeds is not None:  # the trace stays: the seeds draw its load scaling (and a rate series' arrivals)
                 return default_points_over_seeds({s: cases for s in seeds}, max(1, args.jobs), args.json)
         else:
@@ -482,12 +535,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"note: the shared data folder {SHARED_DATA} is absent: the shared traces are skipped",
                       file=sys.stderr)
             keep = None if not args.cases else {c.strip() for c in args.cases.split(",")}
-            if seeds is not None:
+            unseen = unseen_cases(Path(tmp) / "unseen") if args.unseen else []
+            if seeds is not None or args.compare is not None:
                 by_seed = {s: _kept(shared_cases(args.quick, min(200.0, args.functions_hours))
-                                    + adversarial_cases(s, Path(tmp) / f"seed-{s}"), keep) for s in seeds}
+                                    + adversarial_cases(s, Path(tmp) / f"seed-{s}") + unseen, keep)
+                           for s in seeds or [args.seed]}
+                if args.compare is not None:
+                    return compare_policies(by_seed, args.compare, max(1, args.jobs), args.json)
                 return default_points_over_seeds(by_seed, max(1, args.jobs), args.json)
             cases = _kept(shared_cases(args.quick, min(200.0, args.functions_hours))
-                          + adversarial_cases(args.seed, Path(tmp)), keep)
+                          + adversarial_cases(args.seed, Path(tmp)) + unseen, keep)
         if args.default_only:
             return default_points(cases, args.seed, max(1, args.jobs))
         docs = run_cases(cases, args.seed, max(1, args.jobs))
@@ -579,14 +636,90 @@ def default_points_over_seeds(by_seed: dict[int, list[Case]], jobs: int, json_to
             if json_to != "-":
                 print(f"seed {s:<3} {_default_line(c, r)}", flush=True)
     rows = seed_summary(runs)
+    return _emit({"seeds": list(by_seed), "runs": runs, "traces": rows}, json_to, f"\n{seed_table(rows)}")
+
+
+def _emit(doc: dict[str, Any], json_to: str | None, table: str) -> int:
+    """``doc`` as JSON on stdout (``json_to`` "-"), or into the file ``json_to`` and then ``table``
+    on stdout, or (``None``) ``table`` alone."""
+    if json_to == "-":
+        print(json.dumps(doc, indent=1))
+        return 0
     if json_to is not None:
-        text = json.dumps({"seeds": list(by_seed), "runs": runs, "traces": rows}, indent=1)
-        if json_to == "-":
-            print(text)
-            return 0
-        Path(json_to).write_text(text)
-    print(f"\n{seed_table(rows)}")
+        Path(json_to).write_text(json.dumps(doc, indent=1))
+    print(table)
     return 0
+
+
+def compare_policies(by_seed: dict[int, list[Case]], other: str, jobs: int, json_to: str | None) -> int:
+    """tidegate's default point on each case at each seed under :data:`POLICY` ("a") and under
+    ``other`` ("b"): one line per pair as it completes, then :func:`compare_table` (or, with
+    ``json_to``, the runs and the summary as JSON)."""
+    runs: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max_workers=jobs) as ex:
+        futs = [(s, c, ex.submit(run_one, replace(c, policy=str(POLICY)), s, "tidegate", DEFAULT_CAPACITY_FRACTION),
+                 ex.submit(run_one, replace(c, policy=other), s, "tidegate", DEFAULT_CAPACITY_FRACTION))
+                for s, cases in by_seed.items() for c in sorted(cases, key=lambda c: -c.weight)]
+        for s, c, fa, fb in futs:
+            a, b = fa.result(), fb.result()
+            for label, r in (("a", a), ("b", b)):
+                runs.append({"case": c.name, "split": c.split, "seed": s, "policy": label,
+                             "attainment": r["attainment"], "cost": r["cost"],
+                             "undone_scale_downs": r["undone_scale_downs"]})
+            if json_to != "-":
+                print(f"seed {s:<3} {c.split:12s} {c.name:22s} {_pct(a['attainment'])} ${a['cost']:,.2f} -> "
+                      f"{_pct(b['attainment'])} ${b['cost']:,.2f}", flush=True)
+    rows = compare_summary(runs)
+    return _emit({"seeds": list(by_seed), "policies": {"a": str(POLICY), "b": other}, "runs": runs, "traces": rows},
+                 json_to, f"\na: {POLICY}\nb: {other}\n\n{compare_table(rows)}")
+
+
+def compare_summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per trace (in the order first seen), from the runs of two policies (``policy`` "a" or "b"
+    at the same seeds): each one's :func:`seed_summary`, the seeds where b's attainment is higher
+    and lower than a's (by more than 0.01 point), and b's total cost over a's less one. Over all
+    traces too (``case`` "all": the costs only)."""
+    a = {r["case"]: r for r in seed_summary([r for r in runs if r["policy"] == "a"])}
+    b = {r["case"]: r for r in seed_summary([r for r in runs if r["policy"] == "b"])}
+    pairs: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    by_key = {(r["case"], r["seed"]): r for r in runs if r["policy"] == "a"}
+    for r in runs:
+        if r["policy"] == "b" and (r["case"], r["seed"]) in by_key:
+            pairs.setdefault(r["case"], []).append((by_key[(r["case"], r["seed"])], r))
+    out: list[dict[str, Any]] = []
+    total_a = total_b = 0.0
+    for case, ps in pairs.items():
+        up = sum(1 for x, y in ps if _finite(x["attainment"]) and _finite(y["attainment"])
+                 and y["attainment"] > x["attainment"] + 1e-4)
+        down = sum(1 for x, y in ps if _finite(x["attainment"]) and _finite(y["attainment"])
+                   and y["attainment"] < x["attainment"] - 1e-4)
+        ca, cb = sum(x["cost"] for x, _ in ps), sum(y["cost"] for _, y in ps)
+        total_a, total_b = total_a + ca, total_b + cb
+        out.append({"case": case, "split": a[case]["split"], "a": a[case], "b": b[case], "higher": up, "lower": down,
+                    "cost_change": cb / ca - 1.0 if ca > 0 else math.nan})
+    out.append({"case": "all", "split": "", "cost_a": total_a, "cost_b": total_b,
+                "cost_change": total_b / total_a - 1.0 if total_a > 0 else math.nan})
+    return out
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and not math.isnan(x)
+
+
+def compare_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| split | trace | seeds | a: mean (worst) attainment, mean cost | b: mean (worst) attainment, mean cost "
+             "| b higher / lower (seeds) | b's cost |", "|" + " --- |" * 7]
+    for r in rows:
+        if r["case"] == "all":
+            continue
+        a, b = r["a"], r["b"]
+        lines.append(f"| {r['split']} | {r['case']} | {len(a['seeds'])} | {_pct(a['mean_attainment'])} "
+                     f"({_pct(a['worst_attainment'])}) ${a['mean_cost']:,.2f} | {_pct(b['mean_attainment'])} "
+                     f"({_pct(b['worst_attainment'])}) ${b['mean_cost']:,.2f} | {r['higher']} / {r['lower']} | "
+                     f"{r['cost_change'] * 100:+.1f} % |")
+    total = rows[-1]
+    lines.append(f"\nall traces: ${total['cost_a']:,.2f} -> ${total['cost_b']:,.2f} ({total['cost_change'] * 100:+.2f} %)")
+    return "\n".join(lines)
 
 
 def report(docs: list[dict[str, Any]], args: argparse.Namespace, wall: float | None) -> int:

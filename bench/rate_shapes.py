@@ -43,12 +43,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args(argv)
     args.folder.mkdir(parents=True, exist_ok=True)
-    for name, per_min in shapes(args.seed).items():
-        lines = ["Time (min),Requests"] + [f"{i},{int(max(0.0, v))}" for i, v in enumerate(per_min)]
-        path = args.folder / f"{name}.csv"
-        path.write_text("\n".join(lines) + "\n")
+    for path in write_all(args.folder, args.seed):
         print(path)
     return 0
+
+
+def write_all(folder: Path, seed: int = 7) -> list[Path]:
+    """Every shape as ``folder/<name>.csv`` (the folder exists)."""
+    out = []
+    for name, per_min in shapes(seed).items():
+        lines = ["Time (min),Requests"] + [f"{i},{int(max(0.0, v))}" for i, v in enumerate(per_min)]
+        path = folder / f"{name}.csv"
+        path.write_text("\n".join(lines) + "\n")
+        out.append(path)
+    return out
 
 
 if __name__ == "__main__":

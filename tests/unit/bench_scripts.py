@@ -4,6 +4,7 @@ package: loaded from their files)."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -19,3 +20,9 @@ def load(name: str) -> ModuleType:
     sys.modules[name] = mod  # registered before it runs: dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
+
+
+def run(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """``python bench/<name>.py ARGS`` as a user runs it: its exit status, stdout and stderr."""
+    return subprocess.run([sys.executable, str(BENCH / f"{name}.py"), *args], capture_output=True, text=True,
+                          timeout=timeout)

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.bench_scripts import BENCH, load
+from tests.unit.bench_scripts import load, run
 
 dq = load("decision_quality")
 
@@ -79,8 +78,7 @@ def test_the_summary_lies_between_the_runs(points: list[tuple[float, float]]) ->
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(BENCH / "decision_quality.py"), *args],
-                          capture_output=True, text=True, timeout=600)
+    return run("decision_quality", *args)
 
 
 def test_seeds_run_each_seed_and_summarise_them() -> None:
