@@ -170,3 +170,18 @@ def test_a_step_beyond_on_prem_is_served_a_provisioning_delay_sooner() -> None:
     assert soon <= 180.0 + 60.0 < 300.0 + 180.0 <= late
     assert warm_att > cold_att
     assert warm_cost > cold_cost  # the node is paid for the 20 minutes before the step
+
+
+def test_a_percent_for_the_share_is_rejected_with_its_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from controller.policyfile import load_policy_files
+    from tests.unit.test_policyfile import MODELS, policy
+
+    f = tmp_path / "warm.yaml"
+    f.write_text(policy(body="placement:\n  warm_spot_at: 75\n"))
+    result = load_policy_files([f], Registry.from_entry_points(), known_models=MODELS)
+    (err,) = result.errors
+    assert (err.path, err.line) == ("spec.placement.warm_spot_at", 8), err
+    assert "less than or equal to 1" in err.message and result.policies == {}
+    f.write_text(policy(body="placement:\n  warm_spot_at: 0.75\n  warm_spot_hold_s: 300\n"))
+    ok = load_policy_files([f], Registry.from_entry_points(), known_models=MODELS)
+    assert ok.errors == () and ok.policies["llama3-70b-fp8"].spec.placement.warm_spot_at == 0.75
