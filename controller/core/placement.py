@@ -86,9 +86,10 @@ rules, in the order they apply:
    Then the **warm spot node** (``placement.warm_spot_at``; the pipeline says when: ``warm_spot``,
    :func:`warm_spot`): when no spot pool holds a replica, one spare on the spot pool with the most
    replicas per node (then the cheapest replica-hour) among the ``spot_spread_min_pools`` cheapest
-   (those step 4 fills first), within ``max_total``, ``max_cloud`` and the budget (``PlacementResult.warm_spare``, a spare as above). Its node is billed whole, so when
-   the load steps beyond on-prem the node's free slots serve after the cold start alone, where a
-   new node serves after the pool's provisioning delay and the cold start.
+   (those step 4 fills first) whose nodes hold more than one, within ``max_total``, ``max_cloud``
+   and the budget (``PlacementResult.warm_spare``, a spare as above). Its node is billed whole, so
+   when the load steps beyond on-prem the node's free slots serve after the cold start alone,
+   where a new node serves after the pool's provisioning delay and the cold start.
 
 Each rule is a function of ``place``'s (``_keep_valid``, ``_trim_excess``, ``_trim_cloud``, ``_trim_to_budget``,
 ``_fill``, ``_repair_spread``, ``_fill_hedge``, ``_return_from_fallback``, ``_spares``, then ``_shortfall`` and ``_reason`` for what shaped the result);
@@ -988,10 +989,6 @@ def _grow(p: _Pool, n: int) -> float:
 # Spot hedge (step 6), kept apart from the steps above
 # ---------------------------------------------------------------------------------------------
 
-WARM_STATE_KEY = "@warm-spot"
-"""Key of the warm spot node's state in ``History.rule_state``: ``{"until": epoch seconds}`` while
-it is held (:func:`warm_spot`); absent otherwise."""
-
 SPARE_STATE_KEY = "@spot-hedge"
 """Key of the spares a decision held above its total in ``History.rule_state`` (the pipeline's
 explicit state; rule names cannot start with ``@``): ``{"spare": n}``, the spot hedge's and the
@@ -1093,6 +1090,10 @@ def _hedge_reason(reason: str, hedge: _Hedge) -> str:
     return _SPOT_HEDGE if hedge.spare > 0 and reason == _PLACED else reason
 
 
+WARM_STATE_KEY = "@warm-spot"
+"""Key of the warm spot node's state in ``History.rule_state``: ``{"until": epoch seconds}`` while
+it is held (:func:`warm_spot`); absent otherwise."""
+
 class _Paid(NamedTuple):
     """Step 8's value: the spares added in the free slots of billed on-prem nodes, the warm spot
     node's, and where."""
@@ -1119,21 +1120,29 @@ def _spares(views: list[_Pool], placement: PlacementSpec, warm_spot: bool, max_t
 def _fill_warm(views: list[_Pool], max_total: int | None, max_cloud: int | None, cap: float | None,
                spread: int) -> tuple[int, list[tuple[str, str]]]:
     """One spare replica on a spot pool that takes replicas, when no spot pool holds any, within
-    ``max_total``, ``max_cloud`` and the budget: (added, events). Among the ``spread`` cheapest
-    (those step 4 fills first, so a step's replicas go to the warm node's free slots) the one with
-    the most replicas per node, then the cheaper; the other spot pools only when none of those fits."""
+    ``max_total``, ``max_cloud`` and the budget: (added, events). Only among the ``spread``
+    cheapest (those step 4 fills first, so a step's replicas reach the warm node's free slots) whose
+    nodes hold more than one replica (a node of one has no free slot to serve from): the most
+    replicas per node, then the cheaper."""
     if any([p.replicas > 0 for p in views if p.tier == _SPOT]):
         return 0, []
     if _at_bound(views, max_total, max_cloud):
         return 0, [(_PLACED, "warm spot node: none (max_replicas or the cloud ceiling reached)")]
-    ranked = [p for p in _ranked(views, _SPOT) if not p.pinned]
     cost = sum([p.cost() for p in views])
-    for p in sorted(ranked[:spread], key=_warm_rank) + sorted(ranked[spread:], key=_warm_rank):
+    for p in _warm_candidates(views, spread):
         if cap is None or cost + p.add_cost() <= cap + _EPS_USD:
             p.replicas += 1
             return 1, [(_PLACED, f"warm spot node: 1 on {p.name} (spare; a step beyond on-prem gets its "
                                  f"{p.per_node - 1} free slots after the cold start alone)")]
-    return 0, [(_PLACED, "warm spot node: none (no spot pool takes replicas within the budget)")]
+    return 0, [(_PLACED, f"warm spot node: none (no spot pool among the {spread} a scale-up fills first takes "
+                         "replicas on nodes of more than one within the budget)")]
+
+
+def _warm_candidates(views: list[_Pool], spread: int) -> list[_Pool]:
+    """The ``spread`` cheapest spot pools that take replicas (not pinned) whose nodes hold more than
+    one, by ``_warm_rank``."""
+    ranked = [p for p in _ranked(views, _SPOT) if not p.pinned][:spread]
+    return sorted([p for p in ranked if p.per_node > 1], key=_warm_rank)
 
 
 def _at_bound(views: list[_Pool], max_total: int | None, max_cloud: int | None) -> bool:

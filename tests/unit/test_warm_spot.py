@@ -12,6 +12,8 @@ from datetime import timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.core.model import Decision, History, PoolSpec, Tier
+from controller.core.pipeline import decide
 from controller.core.placement import SPARE_STATE_KEY, WARM_STATE_KEY, warm_spot
 from controller.core.policy import EffectivePolicy
 from controller.core.spec import SLO, Bounds, Budget, CapacityLearning, Placement, PolicySpec, RuleSpec
@@ -38,10 +40,12 @@ def test_one_spare_holds_the_spot_pool_with_the_most_slots_per_node() -> None:
     assert on.cost_per_hour_usd == off.cost_per_hour_usd + 20.0
     assert ("Placed", "warm spot node: 1 on spot (spare; a step beyond on-prem gets its 3 free slots after the "
                       "cold start alone)") in on.events
-    # spread over one pool, step 4 fills the cheapest alone: the warm node is there, so that a
-    # step's replicas reach its (here none) free slots instead of a new node elsewhere
+    # spread over one pool, step 4 fills the cheapest alone, whose nodes hold one replica: a warm
+    # node there has no free slot, one on the other pool would not get the step's replicas: none
     one = run(FLEET, {}, 7, spec=Placement(spot_spread_min_pools=1), **WARM)
-    assert one.replicas == {"onprem": 7, "spot": 0, "gcp": 1} and one.warm_spare == 1
+    assert one.replicas == {"onprem": 7, "spot": 0, "gcp": 0} and one.warm_spare == 0
+    assert ("Placed", "warm spot node: none (no spot pool among the 1 a scale-up fills first takes replicas on "
+                      "nodes of more than one within the budget)") in one.events
     # with paid slots too: the on-prem node's free slot and the warm node, each a spare
     both = run(FLEET, {}, 7, spec=Placement(fill_paid_nodes=True), **WARM)
     assert both.replicas == {"onprem": 8, "spot": 1, "gcp": 0} and both.paid_spare == 1 and both.warm_spare == 1
@@ -63,18 +67,20 @@ def test_bounds_the_cloud_ceiling_the_budget_and_unavailable_pools_stop_it() -> 
     assert full.replicas["spot"] == full.replicas["gcp"] == 0 and full.warm_spare == 0
     assert ("Placed", "warm spot node: none (max_replicas or the cloud ceiling reached)") in full.events
     assert run(FLEET, {}, 7, max_cloud=0, **WARM).warm_spare == 0
-    # $32/h on-prem: a $20 node does not fit under $40, a $4 one does
-    cheap = run(FLEET, {}, 7, cap=40.0, **WARM)
-    assert cheap.replicas == {"onprem": 7, "spot": 0, "gcp": 1} and cheap.cost_per_hour_usd <= 40.0
-    assert run(FLEET, {}, 7, cap=33.0, **WARM).warm_spare == 0
-    # the 4-slot pool unavailable (capacity gone) or drained: the next one; both: none
+    # $32/h on-prem: the $20 node fits under $52, not under $51 (the 1-slot pool is no warm node)
+    assert run(FLEET, {}, 7, cap=52.0, **WARM).replicas == {"onprem": 7, "spot": 1, "gcp": 0}
+    tight = run(FLEET, {}, 7, cap=51.0, **WARM)
+    assert tight.replicas == {"onprem": 7, "spot": 0, "gcp": 0} and tight.cost_per_hour_usd <= 51.0
+    # the 4-slot pool unavailable (capacity gone) or drained: no warm node (the other's nodes hold one)
     gone = run(FLEET, {}, 7, extra={"spot": {"available": False}}, **WARM)
-    assert gone.replicas == {"onprem": 7, "spot": 0, "gcp": 1}
+    assert gone.replicas == {"onprem": 7, "spot": 0, "gcp": 0} and gone.warm_spare == 0
     drained = run(FLEET, {}, 7, drained=("spot",), **WARM)
-    assert drained.replicas == {"onprem": 7, "spot": 0, "gcp": 1}
-    none = run(FLEET, {}, 7, drained=("spot", "gcp"), **WARM)
-    assert none.warm_spare == 0 and none.total == 7
-    assert ("Placed", "warm spot node: none (no spot pool takes replicas within the budget)") in none.events
+    assert drained.replicas == {"onprem": 7, "spot": 0, "gcp": 0} and drained.warm_spare == 0
+    # two pools of 4-slot nodes: the cheaper when one is drained, the other when it is not
+    four = fleet(pool("onprem", ONPREM, 16.0, gpus=4, nodes=2), pool("a", AWS_SPOT, 20.0, gpus=4, nodes=3),
+                 pool("b", GCP_SPOT, 16.0, gpus=4, nodes=3))
+    assert run(four, {}, 7, **WARM).replicas == {"onprem": 7, "a": 0, "b": 1}
+    assert run(four, {}, 7, drained=("b",), **WARM).replicas == {"onprem": 7, "a": 1, "b": 0}
 
 
 @settings(max_examples=150, deadline=None)
@@ -89,7 +95,7 @@ def test_at_most_one_spare_on_spot_only_when_spot_is_empty_and_within_every_boun
     spot_off, spot_on = off.replicas["spot"] + off.replicas["gcp"], on.replicas["spot"] + on.replicas["gcp"]
     assert spot_on - spot_off == on.warm_spare in (0, 1)
     if on.warm_spare:
-        assert spot_off == 0
+        assert spot_off == 0 and on.replicas["gcp"] == 0  # never the pool of 1-replica nodes
         assert max_total is None or on.total <= max_total
         assert cap is None or on.cost_per_hour_usd <= cap + 1e-9
 
@@ -109,28 +115,41 @@ def test_held_while_the_need_reaches_the_share_and_for_the_hold_after() -> None:
         assert warm_spot({"until": bad}, present=0, now_s=0.0, **args) == (False, {})
 
 
+# the pipeline tests' fleet with spot-a on nodes of 4 replicas (its own nodes hold one)
+POOLS4 = {**tp.POOLS, "spot-a": PoolSpec("spot-a", Tier.SPOT, "aws", "A100", 4, 6, 8.0)}
+
+
+def _decide(pol: EffectivePolicy, placement: dict[str, int] | None = None, history: History | None = None,
+            now=tp.NOW) -> Decision:  # type: ignore[no-untyped-def]
+    return decide(model=tp.MODEL, pools=POOLS4, signals=tp.signals(placement, now), policy=pol,
+                  history=history or History(), overrides=(), now=now)
+
+
 def test_the_pipeline_holds_it_as_no_demand_and_lets_it_go_after_the_hold() -> None:
-    # the pipeline's fleet: one on-prem node of 4 slots, spot pools of 1-slot nodes. A rule asks 3
-    # (0.75 of 4): 3 on-prem and one warm spot spare; a second rule with missing data holds the
-    # current replicas, which would ratchet to 4 if the spare were read as demand
+    # one on-prem node of 4 slots. A rule asks 3 (0.75 of 4): 3 on-prem and one warm spare on
+    # spot-a; a second rule with missing data holds the current replicas, which would ratchet to
+    # 4 if the spare were read as demand
     place = {"warm_spot_at": 0.75, "warm_spot_hold_s": 600}
     pol = tp.policy(tp.fixed(3), tp.fixed(rule="gone", missing=True), placement=place)
-    d = tp.run(pol)
-    assert d.placement["onprem"] == 3 and d.placement["spot-a"] + d.placement["spot-b"] == 1
+    d = _decide(pol)
+    assert d.placement == {"onprem": 3, "spot-a": 1, "spot-b": 0, "od": 0}
     assert d.history.rule_state[WARM_STATE_KEY] == {"until": tp.NOW.timestamp() + 600}
     assert d.history.rule_state[SPARE_STATE_KEY] == {"spare": 1}
+    assert any("warm spot node: 1 on spot-a" in s.message for s in d.trace)
     for _ in range(3):
-        d = tp.run(pol, d.placement, history=d.history)
-        assert d.recommendations[0].replicas == 3 and sum(d.placement.values()) == 4
+        d = _decide(pol, d.placement, history=d.history)
+        assert d.recommendations[0].replicas == 3 and d.placement["spot-a"] == 1 and sum(d.placement.values()) == 4
     # the need falls to 1: the node stays for the hold, then goes
     low = tp.policy(tp.fixed(1), placement=place)
     for seconds, held in ((300, True), (599, True), (601, False)):
-        at = tp.NOW + timedelta(seconds=seconds)
-        d = tp.run(low, d.placement, history=d.history, now=at)
-        assert d.placement["spot-a"] + d.placement["spot-b"] == (1 if held else 0), seconds
+        d = _decide(low, d.placement, history=d.history, now=tp.NOW + timedelta(seconds=seconds))
+        assert d.placement["spot-a"] == (1 if held else 0), seconds
     assert WARM_STATE_KEY not in d.history.rule_state and sum(d.placement.values()) == 1
+    # the need beyond on-prem: the step's replicas go to spot-a, whose node the spare kept
+    up = _decide(tp.policy(tp.fixed(6), placement=place), {"onprem": 3, "spot-a": 1})
+    assert up.placement["onprem"] == 4 and up.placement["spot-a"] >= 1 and sum(up.placement.values()) == 6
     # off (the default): no state, no spare
-    plain = tp.run(tp.policy(tp.fixed(3)))
+    plain = _decide(tp.policy(tp.fixed(3)))
     assert sum(plain.placement.values()) == 3 and WARM_STATE_KEY not in plain.history.rule_state
 
 
