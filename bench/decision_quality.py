@@ -600,7 +600,7 @@ def seed_summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for case, rs in by.items():
         rs = sorted(rs, key=lambda r: r["seed"])
-        att = [r for r in rs if r["attainment"] is not None and not math.isnan(r["attainment"])]
+        att = [r for r in rs if _finite(r["attainment"])]
         worst = min(att, key=lambda r: r["attainment"]) if att else None
         dearest = max(rs, key=lambda r: r["cost"])
         out.append({"case": case, "split": rs[0]["split"], "seeds": [r["seed"] for r in rs],
@@ -703,6 +703,7 @@ def compare_summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _finite(x: float | None) -> bool:
+    """A measured attainment (a run without requests has none: ``None`` or NaN)."""
     return x is not None and not math.isnan(x)
 
 

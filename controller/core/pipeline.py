@@ -562,26 +562,35 @@ def _need(op: _Opinions, total: int, arrivals: float | None, missing: bool,
           pressure: float | None) -> leadtime.Need:
     """What the rules say the load needs now and one lead time ahead, without memory of past
     peaks (``Recommendation.present_replicas``, ``trend_replicas``), at most ``total``."""
-    present = trend = 0
+    targets = _targets(op)
+    present = max([now for now, _ in targets], default=0)
+    trend = max([ahead for _, ahead in targets], default=0)
+    return leadtime.Need(total=total, present=min(present, total), trend=min(trend, total), load=arrivals,
+                         missing=missing, pressure=pressure)
+
+
+def _targets(op: _Opinions) -> list[tuple[int, int]]:
+    """(the need now, one lead time ahead) of each rule with a target opinion, without memory of
+    past peaks (``Recommendation.present_replicas``, ``trend_replicas``)."""
+    out = []
     for rec in op.recs:
         if rec.replicas is None or rec.opinion is not Opinion.TARGET:
             continue
         now = rec.replicas if rec.present_replicas is None else rec.present_replicas
-        present = max(present, now)
-        trend = max(trend, now if rec.trend_replicas is None else rec.trend_replicas)
-    return leadtime.Need(total=total, present=min(present, total), trend=min(trend, total), load=arrivals,
-                         missing=missing, pressure=pressure)
+        out.append((now, now if rec.trend_replicas is None else rec.trend_replicas))
+    return out
 
 
 def _warm_spot(op: _Opinions, model: ModelSpec, pools: Mapping[str, PoolSpec], states: Mapping[str, PoolState],
                spec: PolicySpec, history: History, drained: frozenset[str], total: int, now: datetime) -> bool:
     """Stage 10's warm spot node (``placement.warm_spot_at``): whether placement holds it, from the
-    present need against the on-prem slots; its state goes to ``op.rule_state``."""
+    present need (at most ``total``) against the on-prem slots; its state goes to ``op.rule_state``."""
     at = spec.placement.warm_spot_at
     if at is None:
         return False
+    targets = _targets(op)  # none: no rule can tell the need (missing data), which releases nothing
     warm, state = warm_spot(history.rule_state.get(WARM_STATE_KEY, _EMPTY_STATE),
-                            present=_need(op, total, None, False, None).present,
+                            present=min(max([now for now, _ in targets]), total) if targets else None,
                             slots=leadtime.onprem_room(model, pools, states, spec.placement, drained),
                             at=at, hold_s=spec.placement.warm_spot_hold_s, now_s=now.timestamp())
     if state:

@@ -1157,13 +1157,17 @@ def _warm_rank(p: _Pool) -> tuple[int, float, int, str]:
     return -p.per_node, p.eff_cost, p.priority, p.name
 
 
-def warm_spot(state: Mapping[str, object], *, present: int, slots: int, at: float, hold_s: float,
+def warm_spot(state: Mapping[str, object], *, present: int | None, slots: int, at: float, hold_s: float,
               now_s: float) -> tuple[bool, dict[str, float]]:
     """Whether the warm spot node is held (``placement.warm_spot_at``), and the state for the next
     decision (under :data:`WARM_STATE_KEY`): held while the ``present`` need reaches ``at`` of the
-    on-prem ``slots`` and ``hold_s`` after (``until``, epoch seconds); never without on-prem slots."""
+    on-prem ``slots`` and ``hold_s`` after (``until``, epoch seconds); never without on-prem slots.
+    ``present`` ``None`` (no rule can tell the need: missing data) keeps a held node past its end,
+    as missing data releases no capacity; the first need known after decides."""
     raw = state.get("until")
     until = float(raw) if isinstance(raw, (int, float)) and math.isfinite(raw) else None
+    if present is None:
+        return (True, {"until": until}) if until is not None else (False, {})
     if slots > 0 and present >= at * slots:
         until = now_s + hold_s
         return True, {"until": until}

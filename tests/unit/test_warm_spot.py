@@ -113,6 +113,11 @@ def test_held_while_the_need_reaches_the_share_and_for_the_hold_after() -> None:
     assert warm_spot({}, present=30, now_s=0.0, slots=0, at=0.75, hold_s=600.0) == (False, {})
     for bad in ("soon", math.nan, math.inf, None):
         assert warm_spot({"until": bad}, present=0, now_s=0.0, **args) == (False, {})
+    # no rule can tell the need (missing data): a held node stays past its end, none is started
+    assert warm_spot({"until": 600.0}, present=None, now_s=5000.0, **args) == (True, {"until": 600.0})
+    assert warm_spot({}, present=None, now_s=0.0, **args) == (False, {})
+    # the first need known after decides
+    assert warm_spot({"until": 600.0}, present=2, now_s=5005.0, **args) == (False, {})
 
 
 # the pipeline tests' fleet with spot-a on nodes of 4 replicas (its own nodes hold one)
@@ -145,6 +150,12 @@ def test_the_pipeline_holds_it_as_no_demand_and_lets_it_go_after_the_hold() -> N
         d = _decide(low, d.placement, history=d.history, now=tp.NOW + timedelta(seconds=seconds))
         assert d.placement["spot-a"] == (1 if held else 0), seconds
     assert WARM_STATE_KEY not in d.history.rule_state and sum(d.placement.values()) == 1
+    # missing data releases nothing: held, then the rules' inputs go missing past the hold's end
+    d = _decide(pol)
+    blind = tp.policy(tp.fixed(rule="gone", missing=True), placement=place)
+    for seconds in (300, 900, 3600):
+        d = _decide(blind, d.placement, history=d.history, now=tp.NOW + timedelta(seconds=seconds))
+        assert d.placement["spot-a"] == 1, seconds
     # the need beyond on-prem: the step's replicas go to spot-a, whose node the spare kept
     up = _decide(tp.policy(tp.fixed(6), placement=place), {"onprem": 3, "spot-a": 1})
     assert up.placement["onprem"] == 4 and up.placement["spot-a"] >= 1 and sum(up.placement.values()) == 6
